@@ -1,0 +1,255 @@
+"""The synthetic benchmark: plans every video of every dataset, renders and encodes them.
+
+Planning is cheap and sequential (it fixes every random choice from the seed); rendering and
+encoding run in worker processes, each video from its own seeded generator, so the output is the
+same whatever the number of workers.
+"""
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .figure import ACTIONS, PRIVATE_ATTRIBUTES, Actor, random_actor
+from .render import FPS, render, random_shot
+
+CLIP_LEN = 16
+NORMAL_ACTIVITY = ("walk_left", "walk_right", "wave", "clap", "squat", "turn")
+ANOMALIES = ("fall", "kick", "punch", "jump")
+BIAS_ACTION = "clap"
+DATASETS = ("ar", "privacy", "tad", "ad", "bias_f", "bias_m", "gait")
+
+# per scale: videos per split (AR: per action), and actor pools
+SCALES = {
+    "tiny": dict(ar=(3, 1, 2), ar_actors=(12, 4, 8), privacy=(48, 32), tad=(6, 2, 4), ad=(6, 6),
+                 bias=(3, 1), gait=(4, 2), tad_frames=(96, 128), ad_frames=(128, 160)),
+    "demo": dict(ar=(40, 10, 20), ar_actors=(80, 20, 40), privacy=(600, 300), tad=(80, 20, 40), ad=(80, 40),
+                 bias=(30, 20), gait=(24, 4), tad_frames=(160, 224), ad_frames=(256, 384)),
+    "large": dict(ar=(120, 30, 60), ar_actors=(240, 60, 120), privacy=(1800, 900), tad=(240, 60, 120),
+                  ad=(240, 120), bias=(90, 60), gait=(72, 4), tad_frames=(160, 224), ad_frames=(256, 384)),
+}
+
+
+@dataclass
+class VideoPlan:
+    dataset: str
+    video_id: str
+    split: str
+    actor: Actor
+    timeline: list            # [(action, start_frame, end_frame)]
+    n_frames: int
+    key: tuple                # seeds this video's own generator
+    closeup: bool = False
+    static: bool = False
+    row: dict = field(default_factory=dict)
+
+    @property
+    def path(self) -> str:
+        return f"videos/{self.video_id}.mp4"
+
+
+def plan(scale: str, seed: int) -> dict[str, list[VideoPlan]]:
+    """Every video of every dataset, with labels; deterministic in (scale, seed)."""
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r}; choose one of {sorted(SCALES)}")
+    cfg = SCALES[scale]
+    out = {}
+    for code, name in enumerate(DATASETS):
+        rng = np.random.default_rng([seed, code, 0])
+        out[name] = {"ar": _plan_ar, "privacy": _plan_privacy, "tad": _plan_tad, "ad": _plan_ad,
+                     "bias_f": _plan_bias, "bias_m": _plan_bias, "gait": _plan_gait}[name](name, cfg, rng, (seed, code))
+    return out
+
+
+def _key(base, i):
+    return (*base, 1, i)
+
+
+def _actor_pools(rng, sizes):
+    return {s: [random_actor(rng) for _ in range(n)] for s, n in zip(("train", "val", "test"), sizes)}
+
+
+def _plan_ar(name, cfg, rng, base):
+    pools, plans = _actor_pools(rng, cfg["ar_actors"]), []
+    for split, per_action in zip(("train", "val", "test"), cfg["ar"]):
+        for action in ACTIONS:
+            for _ in range(per_action):
+                a = int(rng.integers(len(pools[split])))
+                n = CLIP_LEN * int(rng.integers(2, 4))
+                i = len(plans)
+                plans.append(VideoPlan(name, f"{name}_{i:05d}", split, pools[split][a], [(action, 0, n)], n,
+                                       _key(base, i), row={"action": action, "subject_id": f"{split}_{a:03d}"}))
+    return plans
+
+
+def _plan_privacy(name, cfg, rng, base):
+    plans = []
+    for split, n in zip(("train", "test"), cfg["privacy"]):
+        for _ in range(n):
+            i = len(plans)
+            actor = random_actor(rng)
+            pose_action = ("wave", "clap", "punch", "walk_left")[int(rng.integers(4))]
+            plans.append(VideoPlan(name, f"{name}_{i:05d}", split, actor, [(pose_action, 0, CLIP_LEN)], CLIP_LEN,
+                                   _key(base, i), closeup=True, static=True,
+                                   row={f"attr_{k}": v for k, v in actor.attributes().items()}))
+    return plans
+
+
+def _timeline(rng, n_frames, n_segments, vocabulary, min_len, max_len):
+    """Non-overlapping action segments separated by idle time."""
+    for _ in range(100):
+        lens = rng.integers(min_len, max_len + 1, n_segments)
+        slack = n_frames - lens.sum() - 8 * (n_segments + 1)
+        if slack >= 0:
+            break
+        n_segments = max(1, n_segments - 1)
+    gaps = rng.multinomial(int(slack), np.ones(n_segments + 1) / (n_segments + 1)) + 8
+    t, timeline = int(gaps[0]), []
+    for k in range(n_segments):
+        action = vocabulary[int(rng.integers(len(vocabulary)))]
+        timeline.append((action, t, t + int(lens[k])))
+        t += int(lens[k]) + int(gaps[k + 1])
+    return timeline
+
+
+def _plan_tad(name, cfg, rng, base):
+    pools, plans = _actor_pools(rng, (40, 10, 20)), []
+    lo, hi = cfg["tad_frames"]
+    for split, n in zip(("train", "val", "test"), cfg["tad"]):
+        for _ in range(n):
+            i = len(plans)
+            n_frames = int(rng.integers(lo // CLIP_LEN, hi // CLIP_LEN + 1)) * CLIP_LEN
+            timeline = _timeline(rng, n_frames, int(rng.integers(1, 5)), ACTIONS, 24, 56)
+            segs = [[round(a / FPS, 4), round(b / FPS, 4), act] for act, a, b in timeline]
+            actor = pools[split][int(rng.integers(len(pools[split])))]
+            plans.append(VideoPlan(name, f"{name}_{i:05d}", split, actor, timeline, n_frames, _key(base, i),
+                                   row={"segments": json.dumps(segs)}))
+    return plans
+
+
+def _plan_ad(name, cfg, rng, base):
+    pools, plans = _actor_pools(rng, (40, 1, 20)), []
+    lo, hi = cfg["ad_frames"]
+    for split, n in zip(("train", "test"), cfg["ad"]):
+        for j in range(n):
+            i = len(plans)
+            n_frames = int(rng.integers(lo // CLIP_LEN, hi // CLIP_LEN + 1)) * CLIP_LEN
+            timeline = _timeline(rng, n_frames, int(rng.integers(2, 6)), NORMAL_ACTIVITY, 24, 64)
+            anomalous = j % 2 == 1
+            intervals = []
+            if anomalous:  # replace one or two normal segments by anomalies
+                for k in rng.choice(len(timeline), size=min(len(timeline), int(rng.integers(1, 3))), replace=False):
+                    _, a, b = timeline[k]
+                    timeline[k] = (ANOMALIES[int(rng.integers(len(ANOMALIES)))], a, b)
+                    intervals.append([round(a / FPS, 4), round(b / FPS, 4)])
+            actor = pools[split][int(rng.integers(len(pools[split])))]
+            plans.append(VideoPlan(name, f"{name}_{i:05d}", split, actor, timeline, n_frames, _key(base, i),
+                                   row={"anomaly": int(anomalous), "anomaly_intervals": json.dumps(sorted(intervals))}))
+    return plans
+
+
+def _plan_bias(name, cfg, rng, base):
+    """Train: BIAS_ACTION 95% by one group, every other action 95% by the other; test balanced."""
+    favoured_female = name == "bias_f"
+    plans = []
+    for split, per_action in zip(("train", "test"), cfg["bias"]):
+        for action in ACTIONS:
+            for k in range(per_action):
+                if split == "test":
+                    female = k % 2 == 0
+                else:
+                    majority = favoured_female if action == BIAS_ACTION else not favoured_female
+                    female = majority if rng.random() < 0.95 else not majority
+                i = len(plans)
+                actor = random_actor(rng, female=female)
+                plans.append(VideoPlan(name, f"{name}_{i:05d}", split, actor, [(action, 0, 2 * CLIP_LEN)], 2 * CLIP_LEN,
+                                       _key(base, i), row={"action": action, "group": "f" if female else "m",
+                                                           "subject_id": f"{name}_{i:05d}"}))
+    return plans
+
+
+def _plan_gait(name, cfg, rng, base):
+    """Several walks per subject; clothes, hat and scene change between walks, body and gait do not."""
+    n_subjects, walks = cfg["gait"]
+    plans = []
+    for s in range(n_subjects):
+        person = random_actor(rng)
+        for w in range(walks):
+            i = len(plans)
+            actor = random_actor(rng, skin=person.skin, female=person.female, hair=person.hair,
+                                 stride_hz=person.stride_hz, arm_swing=person.arm_swing, bounce=person.bounce,
+                                 face_visible=person.face_visible)
+            action = ("walk_left", "walk_right")[int(rng.integers(2))]
+            plans.append(VideoPlan(name, f"{name}_{i:05d}", "test", actor, [(action, 0, 2 * CLIP_LEN)], 2 * CLIP_LEN,
+                                   _key(base, i), row={"action": action, "subject_id": f"subject_{s:03d}"}))
+    return plans
+
+
+def render_plan(p: VideoPlan) -> np.ndarray:
+    rng = np.random.default_rng(p.key)
+    shot = random_shot(rng, closeup=p.closeup)
+    return render(p.actor, p.timeline, p.n_frames, rng, shot=shot, static_frame=0 if p.static else None)
+
+
+def _write_one(args):
+    p, root = args
+    from ..video import write_mp4
+
+    write_mp4(root / p.path, render_plan(p), FPS)
+    return p.video_id
+
+
+MANIFEST_COLUMNS = ("video_id", "path", "split", "action", "segments", "anomaly", "anomaly_intervals",
+                    "subject_id", "group") + tuple(f"attr_{a}" for a in PRIVATE_ATTRIBUTES)
+
+
+def manifest_rows(plans: list[VideoPlan]) -> list[dict]:
+    present = {k for p in plans for k in p.row}
+    cols = [c for c in MANIFEST_COLUMNS[3:] if c in present]
+    return [{"video_id": p.video_id, "path": p.path, "split": p.split, **{c: p.row.get(c, "") for c in cols}}
+            for p in plans]
+
+
+def generate(out: str | os.PathLike, scale: str = "demo", seed: int = 0, workers: int | None = None,
+             datasets=DATASETS, progress=None) -> dict[str, dict]:
+    """Write each dataset to `out/<name>/` (videos + manifest.csv). Returns a summary per dataset."""
+    import csv
+
+    out = Path(out)
+    plans = plan(scale, seed)
+    workers = workers or min(4, os.cpu_count() or 1)
+    summary = {}
+    jobs = []
+    for name in datasets:
+        root = out / name
+        (root / "videos").mkdir(parents=True, exist_ok=True)
+        jobs += [(p, root) for p in plans[name] if not (root / p.path).exists()]
+    if workers > 1 and len(jobs) > 8:
+        with ProcessPoolExecutor(workers) as ex:
+            done = ex.map(_write_one, jobs, chunksize=4)
+            for vid in done:
+                if progress:
+                    progress(vid)
+    else:
+        for job in jobs:
+            vid = _write_one(job)
+            if progress:
+                progress(vid)
+    for name in datasets:
+        rows = manifest_rows(plans[name])
+        tmp = out / name / "manifest.csv.part"
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
+            w.writeheader()
+            w.writerows(rows)
+        os.replace(tmp, out / name / "manifest.csv")
+        splits = {}
+        for p in plans[name]:
+            splits[p.split] = splits.get(p.split, 0) + 1
+        summary[name] = {"videos": len(rows), "frames": sum(p.n_frames for p in plans[name]),
+                         "clips": sum(p.n_frames // CLIP_LEN for p in plans[name]), "splits": splits}
+    return summary
