@@ -139,7 +139,7 @@ def _check_path(p, root: Path, root_real: str, where: str, problems: list, check
         return None
     p = str(p).strip()
     if os.path.isabs(p) or p.startswith(("/", "\\")) or (len(p) > 1 and p[1] == ":"):
-        problems.append(f"{where}, column 'path': {p!r} is absolute; paths must be relative to {root}")
+        problems.append(f"{where}, column 'path': {p!r} is absolute; refused (paths must be relative to {root})")
         return None
     if ".." in Path(p).parts:
         problems.append(f"{where}, column 'path': {p!r} contains '..'; refused (must stay inside {root})")

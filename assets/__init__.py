@@ -1,0 +1,1 @@
+"""Dagster asset definitions, one module per stage; each is a thin layer over splavu_core."""

@@ -1,0 +1,52 @@
+"""clip_latents + static_latents: the frozen encoder's embeddings of one shard (RAW, sensitive)."""
+import time
+
+import dagster as dg
+
+from pipeline.partitions import shards
+from pipeline.resources import EncoderResource, StoreResource
+from splavu_core.extract import extract_shard, manifest_hash
+from splavu_core.registry import shard_rows
+
+
+@dg.multi_asset(
+    specs=[dg.AssetSpec("clip_latents", deps=["video_manifest"], kinds={"zarr"},
+                        description="Every non-overlapping clip of every video, mean-pooled tokens: (N, D)."),
+           dg.AssetSpec("static_latents", deps=["video_manifest"], kinds={"zarr"},
+                        description="K static clips (one frame repeated) per training video: (V, K, D).")],
+    partitions_def=shards, group_name="latents", pool="encoder",
+)
+def extracted_latents(context: dg.AssetExecutionContext, store: StoreResource, encoder: EncoderResource):
+    shard = context.partition_key
+    fs = store.store()
+    manifest, rows = shard_rows(fs, shard)
+    enc = encoder.load()
+    sampling = encoder.sampling()
+    prov = enc.provenance(sampling)
+    fs.claim(prov)  # refuses a store of another encoder before any work
+    mhash = manifest_hash(rows)
+    done = fs.committed(shard)
+    t0 = time.perf_counter()
+    if done and done["manifest_hash"] == mhash and done["encoder_fingerprint"] == prov["encoder_fingerprint"]:
+        context.log.info(f"{shard}: already extracted with this encoder and manifest; nothing to do")
+        marker, skipped = done, True
+    else:
+        step = max(1, len(rows) // 10)
+
+        def progress(n):
+            if n % step == 0 or n == len(rows):
+                context.log.info(f"{shard}: {n}/{len(rows)} videos")
+
+        data = extract_shard(shard, rows, manifest.root, enc, sampling, batch_size=encoder.batch_size,
+                             decode_threads=encoder.decode_threads, static_splits=tuple(encoder.static_splits),
+                             log=context.log.warning, progress=progress)
+        marker, skipped = fs.write_shard(shard, data, prov, mhash), False
+    secs = time.perf_counter() - t0
+    common = {"encoder_fingerprint": prov["encoder_fingerprint"], "skipped": skipped,
+              "path": str(fs.shard_dir(shard))}
+    yield dg.MaterializeResult(asset_key="clip_latents", metadata={
+        **common, "clips": marker["clips"], "videos": marker["videos"], "dim": marker["dim"],
+        "quarantined": marker["quarantined"],
+        "clips_per_s": round(marker["clips"] / secs, 1) if not skipped and secs > 0 else 0.0})
+    yield dg.MaterializeResult(asset_key="static_latents", metadata={
+        **common, "static_videos": marker["static_videos"], "static_k": sampling.static_k})

@@ -1,0 +1,8 @@
+"""Jobs: what a data engineer or a schedule runs."""
+import dagster as dg
+
+from pipeline.partitions import shards
+
+extract_job = dg.define_asset_job(
+    "extract_latents", selection=dg.AssetSelection.assets("video_manifest", "clip_latents", "static_latents"),
+    partitions_def=shards, description="Validate a shard's manifest rows and extract its raw latents.")

@@ -1,0 +1,44 @@
+"""Resources: where the store lives and which frozen encoder fills it. Chosen per environment."""
+from __future__ import annotations
+
+import dagster as dg
+from pydantic import Field
+
+from splavu_core.encoders.vfm import DEMO_CHECKPOINT, FrozenEncoder, load_encoder
+from splavu_core.sampling import ClipSampling
+from splavu_core.store import FeatureStore, default_root
+
+
+class StoreResource(dg.ConfigurableResource):
+    """The store root (a local path; `SPLAVU_STORE` overrides the default ./store)."""
+
+    root: str = Field(default_factory=default_root)
+    inbox: str = Field(default="", description="folder watched for new datasets (default <root>/inbox)")
+
+    def store(self) -> FeatureStore:
+        return FeatureStore(self.root)
+
+    def inbox_dir(self) -> str:
+        return self.inbox or f"{self.root}/inbox"
+
+
+class EncoderResource(dg.ConfigurableResource):
+    """A frozen VFM checkpoint (save_pretrained dir or hub id) and how clips are sampled for it."""
+
+    checkpoint: str = str(DEMO_CHECKPOINT)
+    device: str = "auto"
+    batch_size: int = 16
+    threads: int = 0
+    decode_threads: int = 2
+    clip_len: int = 16
+    frame_step: int = 1
+    target_fps: float | None = None
+    static_k: int = 10
+    static_splits: list[str] = ["train"]
+
+    def sampling(self) -> ClipSampling:
+        return ClipSampling(clip_len=self.clip_len, frame_step=self.frame_step, target_fps=self.target_fps,
+                            static_k=self.static_k)
+
+    def load(self) -> FrozenEncoder:
+        return load_encoder(self.checkpoint, device=self.device, threads=self.threads or None)

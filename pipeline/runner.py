@@ -1,0 +1,49 @@
+"""Run assets in-process against the local Dagster instance ($DAGSTER_HOME), as the CLI does.
+
+Runs show up in `dagster dev` like any other; a cluster deployment runs the same assets through
+its own executor instead.
+"""
+from __future__ import annotations
+
+import os
+
+import dagster as dg
+
+from pipeline.definitions import defs
+from pipeline.partitions import shards
+from pipeline.resources import EncoderResource, StoreResource
+from splavu_core.registry import register_dataset
+
+
+def instance() -> dg.DagsterInstance:
+    if os.environ.get("DAGSTER_HOME"):
+        os.makedirs(os.environ["DAGSTER_HOME"], exist_ok=True)
+        return dg.DagsterInstance.get()
+    return dg.DagsterInstance.ephemeral()
+
+
+def ingest(inst: dg.DagsterInstance, store: StoreResource, name: str, manifest: str, shard_size: int) -> list[str]:
+    keys = register_dataset(store.store(), name, manifest, shard_size)
+    have = set(inst.get_dynamic_partitions(shards.name))
+    new = [k for k in keys if k not in have]
+    if new:
+        inst.add_dynamic_partitions(shards.name, new)
+    return keys
+
+
+def assets_for(*names: str):
+    graph = defs.resolve_asset_graph()
+    wanted = {dg.AssetKey(n) for n in names}
+    out = []
+    for a in defs.assets:
+        if isinstance(a, dg.AssetsDefinition) and set(a.keys) & wanted:
+            out.append(a)
+    assert out, f"no assets named {names}"
+    return out, graph
+
+
+def materialize_shard(inst, shard: str, store: StoreResource, encoder: EncoderResource,
+                      selection=("video_manifest", "clip_latents", "static_latents")) -> dg.ExecuteInProcessResult:
+    assets, _ = assets_for(*selection)
+    return dg.materialize(assets, instance=inst, partition_key=shard, resources={"store": store, "encoder": encoder},
+                          selection=list(selection), tags={"splavu/entry": "cli"})

@@ -1,0 +1,54 @@
+"""Inbox sensor: a new folder with videos + a manifest becomes a dataset, its shards partitions."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import dagster as dg
+
+from pipeline.jobs import extract_job
+from pipeline.partitions import shards
+from pipeline.resources import StoreResource
+from splavu_core.manifest import ManifestError
+from splavu_core.registry import register_dataset, registered
+from splavu_core.store import StoreError
+
+
+def find_manifest(folder: Path) -> Path | None:
+    for name in ("manifest.csv", "manifest.parquet"):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def dataset_name(folder: Path) -> str:
+    return "inbox_" + re.sub(r"[^a-z0-9_]+", "_", folder.name.lower()).strip("_")
+
+
+@dg.sensor(job=extract_job, minimum_interval_seconds=30,
+           description="Registers each new folder under the inbox (videos + manifest.csv|parquet) as a dataset "
+                       "and requests extraction of its shards.")
+def inbox_sensor(context: dg.SensorEvaluationContext, store: StoreResource):
+    fs = store.store()
+    inbox = Path(store.inbox_dir())
+    if not inbox.is_dir():
+        return dg.SkipReason(f"inbox {inbox} does not exist")
+    known = registered(fs)
+    new_keys, skipped = [], []
+    for folder in sorted(p for p in inbox.iterdir() if p.is_dir()):
+        manifest = find_manifest(folder)
+        name = dataset_name(folder)
+        if manifest is None or name in known:
+            continue
+        try:
+            new_keys += register_dataset(fs, name, manifest)
+        except (ManifestError, StoreError) as e:
+            skipped.append(f"{folder}: {e}")
+    for s in skipped:
+        context.log.warning(f"inbox folder not registered: {s}")
+    existing = set(context.instance.get_dynamic_partitions(shards.name))
+    keys = [k for k in new_keys if k not in existing]
+    if not keys:
+        return dg.SkipReason("no new datasets in the inbox" + (f" ({len(skipped)} invalid)" if skipped else ""))
+    return dg.SensorResult(run_requests=[dg.RunRequest(partition_key=k, run_key=f"extract-{k}") for k in keys],
+                           dynamic_partitions_requests=[shards.build_add_request(keys)])

@@ -1,0 +1,165 @@
+"""Anonymizing Adapter Module (AAM): a residual self-attention adapter on frozen-VFM clip features.
+
+f_A(x) = x + delta(x), output shape = input shape. Two departures from the official SPLAVU code,
+both needed for a feature store (DESIGN.md section 3):
+
+- Batch-invariant: the official AAM attends across the samples of a mini-batch, so a clip's
+  anonymized vector depended on its batch-mates. Here attention runs over the S sub-tokens of one
+  clip and, only if `clip_context`, over the clips of the same video (padding masked).
+- Exact identity at init: every residual branch ends in a zero-initialised projection, so a fresh
+  adapter is f_A(x) = x bit for bit (the official code *trains* it towards identity instead).
+
+Why sub-tokens: a lone clip is a sequence of length one, and attention over one token is a linear
+map (softmax of a single logit is 1). Splitting each D-vector into S sub-tokens of D/S values,
+lifting each to width W (shared linear map + learned sub-token position embedding) and attending
+over those S tokens keeps the adapter non-linear even when it sees one clip at a time.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from einops import rearrange, repeat
+
+
+@dataclass
+class AAMConfig:
+    dim: int                    # D: feature width of the frozen encoder
+    layers: int = 3             # residual attention blocks (paper: 3 ~ 5)
+    heads: int = 8              # attention heads (paper: 8 best); must divide token_width
+    sub_tokens: int = 8         # S: each D-vector is split into S sub-tokens of D/S values; must divide D
+    token_width: int = 64       # W: width of a sub-token inside the blocks (8 heads x 8 dims by default)
+    ffn: bool = False           # add a pre-norm GELU MLP branch after each attention (official AAM has none)
+    clip_context: bool = False  # also attend over the video's own clips; then anonymizing needs whole videos
+
+    def __post_init__(self):
+        for f in fields(self):
+            v = getattr(self, f.name)
+            want = bool if f.type in ("bool", bool) else int
+            if type(v) is not want:  # bool is an int subclass: be strict so JSON mistakes show up
+                raise TypeError(f"AAMConfig.{f.name} must be {want.__name__}, got {v!r}")
+        for name in ("dim", "layers", "heads", "sub_tokens", "token_width"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"AAMConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.dim % self.sub_tokens:
+            divisors = [s for s in range(1, self.dim + 1) if self.dim % s == 0]
+            raise ValueError(f"AAMConfig.sub_tokens={self.sub_tokens} must divide dim={self.dim} "
+                             f"(each D-vector is split into equal sub-tokens); divisors of {self.dim}: {divisors}")
+        if self.token_width % self.heads:
+            raise ValueError(f"AAMConfig.heads={self.heads} must divide token_width={self.token_width}")
+
+    @property
+    def sub_dim(self) -> int:  # D/S: values per sub-token
+        return self.dim // self.sub_tokens
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "AAMConfig":
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"AAMConfig.from_dict: unknown keys {sorted(unknown)} (written by a newer version?)")
+        return cls(**d)
+
+
+class SelfAttention(nn.Module):
+    """Pre-norm multi-head self-attention over axis 1 of (N, L, W); returns the residual branch only."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.norm = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        nn.init.zeros_(self.proj.weight)  # branch starts at exactly zero -> block is the identity
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, h: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+        # h: (N, L, W); key_mask: (N, L) bool, True = real token a query may attend to
+        q, k, v = rearrange(self.qkv(self.norm(h)), "n l (three h d) -> three n h l d", three=3, h=self.heads)
+        attn_mask = None if key_mask is None else key_mask[:, None, None, :]  # (N, 1, 1, L): all heads, all queries
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)  # (N, H, L, W/H)
+        return self.proj(rearrange(y, "n h l d -> n l (h d)"))  # (N, L, W)
+
+
+class MLP(nn.Module):
+    """Optional pre-norm feed-forward branch; zero-initialised output like the attention branches."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.fc = nn.Linear(width, 4 * width)
+        self.proj = nn.Linear(4 * width, width)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.gelu(self.fc(self.norm(h))))
+
+
+class Block(nn.Module):
+    """Sub-token attention (within one clip) [+ clip attention (within one video)] [+ MLP], all residual."""
+
+    def __init__(self, cfg: AAMConfig):
+        super().__init__()
+        self.sub_attn = SelfAttention(cfg.token_width, cfg.heads)
+        self.clip_attn = SelfAttention(cfg.token_width, cfg.heads) if cfg.clip_context else None
+        self.mlp = MLP(cfg.token_width) if cfg.ffn else None
+
+    def forward(self, h: torch.Tensor, n_videos: int, mask: torch.Tensor | None) -> torch.Tensor:
+        # h: (B*T, S, W); mask: (B, T) bool or None (= all clips real)
+        h = h + self.sub_attn(h)  # S sub-tokens of one clip attend to each other
+        if self.clip_attn is not None:
+            # each sub-token position attends to the same position in the video's other clips.
+            # No temporal position embedding: T varies per video, and order is not what we anonymize.
+            S = h.shape[1]
+            hc = rearrange(h, "(b t) s w -> (b s) t w", b=n_videos)  # (B*S, T, W)
+            key_mask = None if mask is None else repeat(mask, "b t -> (b s) t", s=S)  # (B*S, T)
+            hc = hc + self.clip_attn(hc, key_mask)
+            h = rearrange(hc, "(b s) t w -> (b t) s w", s=S)  # (B*T, S, W)
+        if self.mlp is not None:
+            h = h + self.mlp(h)
+        return h
+
+
+class AnonymizingAdapter(nn.Module):
+    """f_A: (B, T, D) videos x clips [+ (B, T) bool padding mask, True = real clip] or (N, D) lone clips
+    -> same shape. Padded clips are returned unchanged and never influence real ones."""
+
+    def __init__(self, cfg: AAMConfig):
+        super().__init__()
+        self.cfg = cfg
+        S, C, W = cfg.sub_tokens, cfg.sub_dim, cfg.token_width
+        self.lift = nn.Linear(C, W)                       # shared across the S sub-tokens
+        self.pos = nn.Parameter(0.02 * torch.randn(S, W))  # which slice of the D-vector a sub-token is
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.out = nn.Linear(W, C)                        # back to D/S per sub-token
+        nn.init.zeros_(self.out.weight)  # the residual branch onto x: zero -> f_A(x) == x at init
+        nn.init.zeros_(self.out.bias)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        cfg = self.cfg
+        assert x.ndim in (2, 3), f"AAM input must be (N, D) lone clips or (B, T, D) videos, got shape {tuple(x.shape)}"
+        assert x.shape[-1] == cfg.dim, f"AAM built for D={cfg.dim}, got features of width {x.shape[-1]}"
+        lone = x.ndim == 2
+        if lone:
+            assert mask is None, "a padding mask needs (B, T, D) input; lone clips (N, D) have no padding"
+            x = x[:, None, :]  # (N, 1, D): each clip its own video of length one
+        B, T, _ = x.shape
+        if mask is not None:
+            assert mask.shape == (B, T) and mask.dtype == torch.bool, \
+                f"mask must be bool (B, T)=({B}, {T}), got {mask.dtype} {tuple(mask.shape)}"
+            assert bool(mask.any(1).all()), "every video needs at least one real (unpadded) clip"
+            x_in = torch.where(mask[..., None], x, 0.0)  # padding may hold anything (even NaN): keep it out
+        else:
+            x_in = x
+
+        h = self.lift(rearrange(x_in, "b t (s c) -> (b t) s c", s=cfg.sub_tokens)) + self.pos  # (B*T, S, W)
+        for block in self.blocks:
+            h = block(h, B, mask)
+        delta = rearrange(self.out(h), "(b t) s c -> b t (s c)", b=B)  # (B, T, D)
+        y = x + delta if mask is None else torch.where(mask[..., None], x + delta, x)
+        return y[:, 0] if lone else y

@@ -1,0 +1,122 @@
+"""Frozen video foundation models (transformers VideoMAE / V-JEPA 2) as clip embedders.
+
+Embedding = mean of the encoder's last_hidden_state over tokens (V-JEPA 2: encoder only,
+predictor skipped). Every store records the encoder fingerprint: a hash of the weights, the
+config, the preprocessing and the clip sampling, so latents of two encoders never mix.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..sampling import ClipSampling
+from .preprocess import Preprocess
+
+DEMO_CHECKPOINT = Path(__file__).parent / "demo_checkpoint"
+
+
+class EncoderError(Exception):
+    pass
+
+
+@dataclass
+class FrozenEncoder:
+    family: str             # "videomae" | "vjepa2"
+    source: str             # directory or hub id it was loaded from
+    model: torch.nn.Module
+    preprocess: Preprocess
+    num_frames: int         # frames per clip the model expects
+    dim: int
+    weights_hash: str
+    config_json: str
+    device: torch.device
+    autocast_dtype: torch.dtype | None
+
+    def fingerprint(self, sampling: ClipSampling) -> str:
+        """Hash of weights + config + preprocessing + clip sampling (16 hex chars)."""
+        blob = json.dumps({"weights": self.weights_hash, "config": self.config_json,
+                           "preprocess": self.preprocess.as_dict(), "sampling": sampling.as_dict()}, sort_keys=True)
+        return f"{self.family}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
+
+    def provenance(self, sampling: ClipSampling) -> dict:
+        return {"encoder_fingerprint": self.fingerprint(sampling), "encoder_family": self.family,
+                "encoder_source": self.source, "weights_sha256": self.weights_hash, "dim": self.dim,
+                "preprocess": self.preprocess.as_dict(), "sampling": sampling.as_dict()}
+
+    @torch.no_grad()
+    def embed(self, frames: np.ndarray) -> np.ndarray:
+        """(B, T, H, W, 3) uint8 clips → (B, D) float32 embeddings."""
+        assert frames.shape[1] == self.num_frames, f"encoder wants {self.num_frames}-frame clips, got {frames.shape[1]}"
+        x = self.preprocess(frames).to(self.device)  # (B, T, 3, H, W)
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
+                            enabled=self.autocast_dtype is not None):
+            if self.family == "vjepa2":
+                h = self.model(pixel_values_videos=x, skip_predictor=True).last_hidden_state
+            else:
+                h = self.model(pixel_values=x).last_hidden_state
+        return h.float().mean(1).cpu().numpy()  # (B, D)
+
+
+def pick_device(device: str = "auto") -> tuple[torch.device, torch.dtype | None]:
+    """auto: CUDA with bf16 autocast when present, else CPU fp32 (bf16 on CPUs without AMX is slower)."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise EncoderError("device 'cuda' requested but no CUDA device is available")
+    return dev, (torch.bfloat16 if dev.type == "cuda" else None)
+
+
+def state_hash(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def _config_json(cfg) -> str:
+    d = {k: v for k, v in cfg.to_dict().items() if k not in ("transformers_version", "_name_or_path", "dtype", "torch_dtype")}
+    return json.dumps(d, sort_keys=True, default=str)
+
+
+def load_encoder(source: str | os.PathLike = DEMO_CHECKPOINT, device: str = "auto", threads: int | None = None) -> FrozenEncoder:
+    """Load a VideoMAE or V-JEPA 2 checkpoint: a `save_pretrained` directory or (online) a hub id."""
+    from transformers import AutoConfig
+
+    if threads:
+        torch.set_num_threads(threads)
+    source = str(source)
+    is_dir = os.path.isdir(source)
+    try:
+        cfg = AutoConfig.from_pretrained(source)
+    except Exception as e:
+        where = "directory" if is_dir else "not a local directory, and the hub lookup failed"
+        raise EncoderError(f"cannot load encoder from {source!r} ({where}): {str(e).splitlines()[0]}") from None
+    family = cfg.model_type
+    if family == "videomae":
+        from transformers import VideoMAEModel as cls
+
+        num_frames, image_size = cfg.num_frames, cfg.image_size
+    elif family == "vjepa2":
+        from transformers import VJEPA2Model as cls
+
+        num_frames, image_size = cfg.frames_per_clip, cfg.crop_size
+    else:
+        raise EncoderError(f"{source}: model_type {family!r} is not supported (use a VideoMAE or V-JEPA 2 checkpoint)")
+    dev, autocast = pick_device(device)
+    model = cls.from_pretrained(source, config=cfg).to(dev).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    pre = Preprocess.for_checkpoint(source, family, image_size) if is_dir else Preprocess(short_side=image_size, crop=image_size)
+    return FrozenEncoder(family=family, source=source, model=model, preprocess=pre, num_frames=int(num_frames),
+                         dim=int(cfg.hidden_size), weights_hash=state_hash(model),
+                         config_json=_config_json(cfg),
+                         device=dev, autocast_dtype=autocast)

@@ -1,0 +1,194 @@
+"""Evaluation metrics on plain numpy arrays: cMAP / macro-F1 (privacy), top-1 (AR), frame AUC (AD),
+temporal-detection mAP (TAD).
+
+No torch here, so the metrics can be used (and tested) without any model.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+
+import numpy as np
+from sklearn.metrics import f1_score, roc_auc_score
+
+from ..features import VideoFeatures
+
+TIOUS = (0.3, 0.4, 0.5, 0.6, 0.7)
+
+
+# ---------------------------------------------------------------- privacy: cMAP, chance, macro-F1
+
+def _as_2d(y_true, scores) -> tuple[np.ndarray, np.ndarray]:
+    y_true, scores = np.asarray(y_true), np.asarray(scores, dtype=np.float64)
+    if y_true.ndim == 1:
+        y_true, scores = y_true[:, None], scores.reshape(-1, 1)
+    assert y_true.ndim == 2, f"y_true must be (N, A), got {y_true.shape}"
+    assert y_true.shape == scores.shape, f"y_true {y_true.shape} and scores {scores.shape} differ"
+    assert np.isin(y_true, (0, 1)).all(), "y_true must be 0/1"
+    return y_true.astype(int), scores
+
+
+def average_precision(y: np.ndarray, s: np.ndarray) -> float:
+    """Binary AP = sum_k (R_k - R_{k-1}) P_k over distinct score thresholds, high to low (sklearn's definition,
+    ties grouped). A numpy version because the privacy attacker evaluates it every epoch; sklearn's input
+    validation alone costs more than the training step."""
+    order = np.argsort(-s, kind="mergesort")
+    y, s = y[order], s[order]
+    last_of_tie = np.r_[np.flatnonzero(np.diff(s)), len(s) - 1]  # one threshold per distinct score
+    tps = np.cumsum(y)[last_of_tie]
+    precision = tps / (last_of_tie + 1)
+    recall = tps / tps[-1]
+    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+
+
+def cmap(y_true, scores) -> float:
+    """Mean over attributes (columns) of average precision, sklearn's definition.
+
+    y_true (N, A) in {0, 1}; scores (N, A), any monotone score (probabilities or logits).
+    """
+    y_true, scores = _as_2d(y_true, scores)
+    for a in range(y_true.shape[1]):
+        if y_true[:, a].min() == y_true[:, a].max():
+            raise ValueError(f"cmap: attribute column {a} has only class {y_true[0, a]} in y_true; AP is undefined")
+    return float(np.mean([average_precision(y_true[:, a], scores[:, a]) for a in range(y_true.shape[1])]))
+
+
+def chance_cmap(y_true) -> float:
+    """cMAP of an uninformative scorer: AP of a random ranking = the attribute's prevalence."""
+    y_true, _ = _as_2d(y_true, np.zeros(np.shape(y_true)))
+    return float(y_true.mean(axis=0).mean())
+
+
+def macro_f1(y_true, probs, threshold: float = 0.5) -> float:
+    """Macro-F1 over attributes, predicting positive where prob >= threshold."""
+    y_true, probs = _as_2d(y_true, probs)
+    return float(f1_score(y_true, (probs >= threshold).astype(int), average="macro", zero_division=0))
+
+
+# ---------------------------------------------------------------- AR
+
+def top1(probs, labels) -> float:
+    """Fraction of rows whose argmax equals the integer label. probs (N, C), labels (N,)."""
+    probs, labels = np.asarray(probs), np.asarray(labels)
+    assert probs.ndim == 2 and labels.shape == (len(probs),), f"probs {probs.shape} vs labels {labels.shape}"
+    return float((probs.argmax(axis=1) == labels).mean())
+
+
+# ---------------------------------------------------------------- AD: frame-level AUC
+
+def frame_labels(video: VideoFeatures) -> np.ndarray:
+    """(n_frames,) int: frame f is anomalous when f / fps lies in [start_s, end_s) of an anomaly interval."""
+    intervals = video.meta.get("anomaly_intervals") or []
+    if video.meta.get("anomaly") == 1 and not intervals:
+        raise ValueError(f"{video.video_id}: anomalous video without anomaly_intervals; frame labels unknown")
+    t = np.arange(video.n_frames) / video.fps
+    labels = np.zeros(video.n_frames, dtype=int)
+    for start, end in intervals:
+        labels[(t >= start) & (t < end)] = 1
+    return labels
+
+
+def frame_scores(video: VideoFeatures, clip_scores) -> np.ndarray:
+    """(n_frames,): each clip's score repeated over its frames; frames after the last clip keep its score."""
+    clip_scores = np.asarray(clip_scores, dtype=np.float64).reshape(-1)
+    assert len(clip_scores) == len(video.feats), f"{video.video_id}: {len(clip_scores)} scores for {len(video.feats)} clips"
+    # Work in frame indices (rounded) so float clip times cannot shift a boundary frame.
+    start_frames = np.round(np.asarray(video.clip_start_s) * video.fps).astype(int)  # (n_clips,)
+    clip_of_frame = np.searchsorted(start_frames, np.arange(video.n_frames), side="right") - 1
+    return clip_scores[np.clip(clip_of_frame, 0, len(clip_scores) - 1)]
+
+
+def frame_auc(videos_scores: Iterable[tuple[VideoFeatures, np.ndarray]]) -> float:
+    """Frame-level ROC AUC over all frames of all videos. videos_scores: (video, clip_scores (n_clips,)) pairs."""
+    labels, scores = [], []
+    for video, clip_scores in videos_scores:
+        labels.append(frame_labels(video))
+        scores.append(frame_scores(video, clip_scores))
+    assert labels, "frame_auc: no videos"
+    y, s = np.concatenate(labels), np.concatenate(scores)
+    if y.min() == y.max():
+        raise ValueError(f"frame_auc: all {len(y)} frames have label {y[0]}; AUC is undefined")
+    return float(roc_auc_score(y, s))
+
+
+# ---------------------------------------------------------------- TAD: mAP over tIoU thresholds
+
+def segment_iou(segment, segments) -> np.ndarray:
+    """Temporal IoU of one [start, end] against (N, 2) segments -> (N,)."""
+    segments = np.asarray(segments, dtype=np.float64).reshape(-1, 2)
+    inter = np.clip(np.minimum(segment[1], segments[:, 1]) - np.maximum(segment[0], segments[:, 0]), 0, None)
+    union = (segment[1] - segment[0]) + (segments[:, 1] - segments[:, 0]) - inter
+    return inter / np.maximum(union, 1e-12)
+
+
+def interpolated_ap(precision: np.ndarray, recall: np.ndarray) -> float:
+    """All-points interpolated AP (ActivityNet / THUMOS evaluation code)."""
+    mprec = np.concatenate([[0.0], precision, [0.0]])
+    mrec = np.concatenate([[0.0], recall, [1.0]])
+    mprec = np.maximum.accumulate(mprec[::-1])[::-1]  # precision envelope: max precision at any higher recall
+    idx = np.where(mrec[1:] != mrec[:-1])[0] + 1
+    return float(np.sum((mrec[idx] - mrec[idx - 1]) * mprec[idx]))
+
+
+def _class_ap(dets: list[tuple], gts: dict[str, np.ndarray], tious: Sequence[float]) -> np.ndarray:
+    """AP of one class at each tIoU. dets: (video_id, start, end, score); gts: video_id -> (G, 2)."""
+    n_gt = sum(len(g) for g in gts.values())
+    ap = np.zeros(len(tious))
+    if not dets:
+        return ap
+    order = np.argsort([-d[3] for d in dets], kind="stable")  # stable: ties keep input order
+    tp = np.zeros((len(tious), len(dets)))
+    fp = np.zeros((len(tious), len(dets)))
+    taken = {vid: np.zeros((len(tious), len(g)), dtype=bool) for vid, g in gts.items()}
+    for rank, i in enumerate(order):
+        vid, start, end, _ = dets[i]
+        if vid not in gts:
+            fp[:, rank] = 1
+            continue
+        ious = segment_iou((start, end), gts[vid])          # (G,)
+        by_iou = np.argsort(-ious, kind="stable")
+        for t, thr in enumerate(tious):
+            # Greedy: the unmatched ground truth with the highest tIoU >= thr; one prediction per ground truth.
+            for g in by_iou:
+                if ious[g] < thr:
+                    break
+                if not taken[vid][t, g]:
+                    taken[vid][t, g] = True
+                    tp[t, rank] = 1
+                    break
+            fp[t, rank] = 1 - tp[t, rank]
+    tp_cum, fp_cum = np.cumsum(tp, axis=1), np.cumsum(fp, axis=1)
+    for t in range(len(tious)):
+        recall = tp_cum[t] / n_gt
+        precision = tp_cum[t] / (tp_cum[t] + fp_cum[t])
+        ap[t] = interpolated_ap(precision, recall)
+    return ap
+
+
+def tad_map(detections: Mapping[str, Iterable[tuple]], ground_truth: Mapping[str, Iterable[tuple]],
+            tious: Sequence[float] = TIOUS) -> dict[str, float]:
+    """Temporal action detection mAP.
+
+    detections: video_id -> [(start_s, end_s, label, score)]; ground_truth: video_id -> [(start_s, end_s, label)].
+    Labels are any hashable (class index or name) but must agree between the two. AP per class, mean over
+    classes present in the ground truth (a class never detected scores 0), then averaged over tIoUs.
+    Returns {"mAP": average, "mAP@0.3": ..., ...} (one key per threshold).
+    """
+    gt_by_class: dict[Hashable, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for vid, segs in ground_truth.items():
+        for start, end, label in segs:
+            gt_by_class[label][vid].append((start, end))
+    if not gt_by_class:
+        raise ValueError("tad_map: ground truth has no segments")
+    det_by_class: dict[Hashable, list] = defaultdict(list)
+    for vid, dets in detections.items():
+        for start, end, label, score in dets:
+            det_by_class[label].append((vid, start, end, score))
+    aps = np.stack([
+        _class_ap(det_by_class.get(label, []), {v: np.asarray(s, dtype=np.float64) for v, s in gts.items()}, tious)
+        for label, gts in gt_by_class.items()
+    ])  # (classes, tious)
+    per_tiou = aps.mean(axis=0)
+    out = {"mAP": float(per_tiou.mean())}
+    out.update({f"mAP@{t:g}": float(v) for t, v in zip(tious, per_tiou)})
+    return out

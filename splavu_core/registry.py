@@ -1,0 +1,89 @@
+"""Datasets registered in a store and the shards they are cut into.
+
+A shard is a contiguous block of manifest rows (`<dataset>-<nnn>`), the unit of parallelism and
+of crash-safety. Registering validates the whole manifest first, so a bad row is reported before
+any video is decoded.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+
+from .manifest import Manifest, load_manifest
+from .store import FeatureStore, StoreError, write_parquet_atomic
+
+NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
+DEFAULT_SHARD_SIZE = 256
+
+
+def dataset_of(shard: str) -> str:
+    name, _, num = shard.rpartition("-")
+    if not name or not num.isdigit():
+        raise StoreError(f"bad shard key {shard!r}: expected <dataset>-<nnn>")
+    return name
+
+
+def registration_path(store: FeatureStore, name: str) -> Path:
+    return store.root / "datasets" / f"{name}.json"
+
+
+def register_dataset(store: FeatureStore, name: str, manifest_path: str | os.PathLike,
+                     shard_size: int = DEFAULT_SHARD_SIZE) -> list[str]:
+    """Validate `manifest_path` and record it under `name`; return the dataset's shard keys."""
+    if not NAME.match(name):
+        raise StoreError(f"dataset name {name!r}: use lowercase letters, digits and '_'")
+    assert shard_size >= 1, "shard_size must be >= 1"
+    m = load_manifest(manifest_path)
+    n = len(m.rows)
+    shards = [f"{name}-{i:03d}" for i in range((n + shard_size - 1) // shard_size)]
+    reg = {"name": name, "manifest": str(Path(manifest_path).resolve()), "shard_size": shard_size,
+           "videos": n, "shards": shards, "attributes": list(m.attributes)}
+    p = registration_path(store, name)
+    if p.is_file():
+        old = json.loads(p.read_text())
+        if old["manifest"] != reg["manifest"]:
+            raise StoreError(f"dataset {name!r} is already registered from {old['manifest']}; "
+                             f"choose another name for {reg['manifest']}")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex[:8]}.part")
+    tmp.write_text(json.dumps(reg, indent=1) + "\n")
+    os.replace(tmp, p)
+    return shards
+
+
+def registered(store: FeatureStore) -> dict[str, dict]:
+    d = store.root / "datasets"
+    if not d.is_dir():
+        return {}
+    return {p.stem: json.loads(p.read_text()) for p in sorted(d.glob("*.json"))}
+
+
+def dataset_manifest(store: FeatureStore, name: str) -> Manifest:
+    p = registration_path(store, name)
+    if not p.is_file():
+        raise StoreError(f"dataset {name!r} is not registered in {store.root} (run `splavu ingest`)")
+    return load_manifest(json.loads(p.read_text())["manifest"])
+
+
+def shard_rows(store: FeatureStore, shard: str) -> tuple[Manifest, list[dict]]:
+    """The validated manifest and the rows of one shard."""
+    name = dataset_of(shard)
+    reg = json.loads(registration_path(store, name).read_text()) if registration_path(store, name).is_file() else None
+    if reg is None or shard not in reg["shards"]:
+        raise StoreError(f"shard {shard!r} is not part of a registered dataset in {store.root}")
+    m = dataset_manifest(store, name)
+    i = reg["shards"].index(shard)
+    return m, m.rows[i * reg["shard_size"]:(i + 1) * reg["shard_size"]]
+
+
+def write_shard_manifest(store: FeatureStore, shard: str) -> pa.Table:
+    m, rows = shard_rows(store, shard)
+    sub = Manifest(path=m.path, root=m.root, rows=rows, attributes=m.attributes).to_arrow()
+    sub = sub.replace_schema_metadata({"dataset_root": str(m.root), "manifest": str(m.path)})
+    write_parquet_atomic(sub, store.shard_manifest_path(shard))
+    return sub

@@ -1,0 +1,51 @@
+"""Shared fixtures: a tiny synthetic benchmark and tiny saved checkpoints of each encoder family."""
+import json
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_bench(tmp_path_factory):
+    """The `tiny` synthetic benchmark (real H.264 files), generated once per test session."""
+    from splavu_core.synth.datasets import generate
+
+    out = tmp_path_factory.mktemp("bench")
+    summary = generate(out, "tiny", seed=0, workers=2)
+    return out, summary
+
+
+def save_tiny_videomae(path, seed=0, image_size=32):
+    from transformers import VideoMAEConfig, VideoMAEModel
+
+    torch.manual_seed(seed)
+    cfg = VideoMAEConfig(image_size=image_size, patch_size=16, num_frames=16, tubelet_size=4, hidden_size=32,
+                         num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, use_mean_pooling=False)
+    VideoMAEModel(cfg).save_pretrained(path)
+    (path / "preprocessor_config.json").write_text(json.dumps({
+        "do_resize": True, "size": {"shortest_edge": image_size}, "do_center_crop": True,
+        "crop_size": {"height": image_size, "width": image_size}, "do_rescale": True, "rescale_factor": 1 / 255,
+        "do_normalize": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}))
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_videomae(tmp_path_factory):
+    return save_tiny_videomae(tmp_path_factory.mktemp("videomae"))
+
+
+@pytest.fixture(scope="session")
+def tiny_vjepa2(tmp_path_factory):
+    from transformers import VJEPA2Config, VJEPA2Model
+
+    torch.manual_seed(0)
+    cfg = VJEPA2Config(crop_size=32, frames_per_clip=16, tubelet_size=4, patch_size=16, hidden_size=32,
+                       num_attention_heads=2, num_hidden_layers=1, mlp_ratio=2.0, pred_hidden_size=16,
+                       pred_num_attention_heads=2, pred_num_hidden_layers=1, num_pooler_layers=1)
+    path = tmp_path_factory.mktemp("vjepa2")
+    VJEPA2Model(cfg).save_pretrained(path)
+    return path

@@ -1,0 +1,201 @@
+"""Latent extraction into the store: quarantine, atomic shard commit, idempotence, concurrency, sensor."""
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+import pytest
+
+from pipeline.definitions import defs
+from pipeline.partitions import shards
+from pipeline.resources import EncoderResource, StoreResource
+from pipeline.runner import ingest, materialize_shard
+from pipeline.sensors import inbox_sensor
+from splavu_core.extract import extract_shard
+from splavu_core.manifest import load_manifest
+from splavu_core.store import FeatureStore, StoreError
+from splavu_core.synth.render import render
+from splavu_core.synth.figure import random_actor
+from splavu_core.video import write_mp4
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def small_dataset(tiny_bench, tmp_path):
+    """Six AR videos of the tiny benchmark plus one bad file of each kind."""
+    root, _ = tiny_bench
+    ds = tmp_path / "ds"
+    (ds / "videos").mkdir(parents=True)
+    m = load_manifest(root / "ar" / "manifest.csv")
+    lines = ["video_id,path,split,action"]
+    for r in m.rows[:6]:
+        shutil.copy(root / "ar" / r["path"], ds / r["path"])
+        lines.append(f"{r['video_id']},{r['path']},{r['split']},{r['action']}")
+    good = (ds / m.rows[0]["path"]).read_bytes()
+    bad = {"corrupt": os.urandom(4000), "truncated": good[: len(good) // 3], "empty": b"",
+           "unsupported": b"this is a text file, not a video\n" * 50}
+    for name, data in bad.items():
+        (ds / "videos" / f"{name}.mp4").write_bytes(data)
+        lines.append(f"{name},videos/{name}.mp4,train,wave")
+    rng = np.random.default_rng(0)
+    write_mp4(ds / "videos" / "short.mp4", render(random_actor(rng), [("wave", 0, 8)], 8, rng), fps=16)
+    lines.append("short,videos/short.mp4,train,wave")
+    (ds / "manifest.csv").write_text("\n".join(lines) + "\n")
+    return ds
+
+
+def shard_bytes(store_root, shard):
+    d = Path(store_root) / "latents" / shard
+    files = sorted(p for p in d.rglob("*") if p.is_file() and p.name != "quarantine.parquet")
+    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+def run(inst, store_root, shard, checkpoint):
+    return materialize_shard(inst, shard, StoreResource(root=str(store_root)), EncoderResource(checkpoint=str(checkpoint)))
+
+
+def test_bad_videos_are_quarantined_not_fatal(small_dataset, tiny_videomae, tmp_path):
+    inst = dg.DagsterInstance.ephemeral()
+    store = tmp_path / "store"
+    (key,) = ingest(inst, StoreResource(root=str(store)), "mixed", str(small_dataset / "manifest.csv"), 64)
+    res = run(inst, store, key, tiny_videomae)
+    md = {m.asset_key.path[-1]: m.metadata for m in res.asset_materializations_for_node("extracted_latents")}
+    assert md["clip_latents"]["quarantined"].value == 5 and md["clip_latents"]["videos"].value == 6
+    data = FeatureStore(store).read_shard(key)
+    q = {r["video_id"]: r["error"] for r in data.quarantine.to_pylist()}
+    assert set(q) == {"corrupt", "truncated", "empty", "unsupported", "short"}
+    assert "empty file" in q["empty"] and "too short: 8 frames, a clip needs 16" in q["short"]
+    for vid, err in q.items():
+        assert f"{vid}.mp4" in err  # every reason names the file
+    assert np.isfinite(data.clips).all() and not (np.abs(data.clips).sum(1) == 0).any()
+    assert set(data.index.column("video_id").to_pylist()).isdisjoint(q)
+    # static latents only for training videos, K each, in frame order
+    train = {r["video_id"] for r in load_manifest(small_dataset / "manifest.csv").rows if r["split"] == "train"} - set(q)
+    assert data.static.shape == (len(train), 10, 32)
+    assert set(data.static_index.column("video_id").to_pylist()) == train
+
+
+def test_clip_index_matches_sampling(small_dataset, tiny_videomae):
+    from splavu_core.encoders.vfm import load_encoder
+    from splavu_core.sampling import ClipSampling
+
+    rows = load_manifest(small_dataset / "manifest.csv").rows[:2]
+    out = extract_shard("t-000", rows, small_dataset, load_encoder(tiny_videomae, device="cpu"), ClipSampling(static_k=0))
+    idx = out.index.to_pylist()
+    first = [r for r in idx if r["video_id"] == rows[0]["video_id"]]
+    assert [(r["clip_index"], r["start_frame"], r["end_frame"]) for r in first] == [(i, 16 * i, 16 * i + 16) for i in range(len(first))]
+    assert first[1]["start_s"] == pytest.approx(1.0) and first[1]["end_s"] == pytest.approx(2.0)
+    assert out.static.shape[0] == 0
+
+
+def test_rerun_is_idempotent_and_other_encoder_is_refused(small_dataset, tiny_videomae, tmp_path):
+    inst = dg.DagsterInstance.ephemeral()
+    store = tmp_path / "store"
+    (key,) = ingest(inst, StoreResource(root=str(store)), "mixed", str(small_dataset / "manifest.csv"), 64)
+    run(inst, store, key, tiny_videomae)
+    before = shard_bytes(store, key)
+    mtimes = {p: p.stat().st_mtime_ns for p in (store / "latents" / key).rglob("*")}
+    res = run(inst, store, key, tiny_videomae)
+    md = {m.asset_key.path[-1]: m.metadata for m in res.asset_materializations_for_node("extracted_latents")}
+    assert md["clip_latents"]["skipped"].value is True
+    assert shard_bytes(store, key) == before
+    assert {p: p.stat().st_mtime_ns for p in (store / "latents" / key).rglob("*")} == mtimes
+    from conftest import save_tiny_videomae
+
+    other = save_tiny_videomae(tmp_path / "other", seed=7)
+    with pytest.raises(StoreError, match="refusing to append latents of encoder"):
+        run(inst, store, key, other)
+    assert shard_bytes(store, key) == before  # nothing lost
+
+
+KILL_SCRIPT = textwrap.dedent("""
+    import os, sys, signal
+    import pyarrow.parquet as pq
+    from splavu_core.encoders.vfm import load_encoder
+    from splavu_core.extract import extract_shard, manifest_hash
+    from splavu_core.registry import shard_rows
+    from splavu_core.sampling import ClipSampling
+    from splavu_core.store import FeatureStore
+    store, shard, ckpt = FeatureStore(sys.argv[1]), sys.argv[2], sys.argv[3]
+    real = pq.write_table
+    def write_then_die(table, where, **kw):  # killed mid-shard: after the Zarr arrays, at the first index table
+        real(table, where, **kw)
+        os.kill(os.getpid(), signal.SIGKILL)
+    pq.write_table = write_then_die
+    enc, s = load_encoder(ckpt, device="cpu"), ClipSampling()
+    m, rows = shard_rows(store, shard)
+    store.write_shard(shard, extract_shard(shard, rows, m.root, enc, s), enc.provenance(s), manifest_hash(rows))
+""")
+
+
+def test_killed_process_leaves_no_visible_shard_and_rerun_is_byte_identical(small_dataset, tiny_videomae, tmp_path):
+    inst = dg.DagsterInstance.ephemeral()
+    ref_store, store = tmp_path / "ref", tmp_path / "store"
+    (key,) = ingest(inst, StoreResource(root=str(ref_store)), "mixed", str(small_dataset / "manifest.csv"), 64)
+    ingest(inst, StoreResource(root=str(store)), "mixed", str(small_dataset / "manifest.csv"), 64)
+    run(inst, ref_store, key, tiny_videomae)  # uninterrupted reference
+    proc = subprocess.run([sys.executable, "-c", KILL_SCRIPT, str(store), key, str(tiny_videomae)], cwd=REPO,
+                          capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+    assert list((store / "latents" / ".staging").iterdir()), "the killed writer should have left staging debris"
+    assert not (store / "latents" / key).exists() and FeatureStore(store).committed_shards() == []
+    run(inst, store, key, tiny_videomae)
+    assert not list((store / "latents" / ".staging").iterdir())
+    assert shard_bytes(store, key) == shard_bytes(ref_store, key)
+
+
+CONCURRENT_SCRIPT = textwrap.dedent("""
+    import sys, dagster as dg
+    from pipeline.resources import EncoderResource, StoreResource
+    from pipeline.runner import materialize_shard
+    inst = dg.DagsterInstance.ephemeral()
+    inst.add_dynamic_partitions("shards", [sys.argv[2]])
+    r = materialize_shard(inst, sys.argv[2], StoreResource(root=sys.argv[1]), EncoderResource(checkpoint=sys.argv[3]))
+    sys.exit(0 if r.success else 1)
+""")
+
+
+def test_two_shards_in_parallel_processes_are_both_correct(small_dataset, tiny_videomae, tmp_path):
+    inst = dg.DagsterInstance.ephemeral()
+    seq, par = tmp_path / "seq", tmp_path / "par"
+    keys = ingest(inst, StoreResource(root=str(seq)), "mixed", str(small_dataset / "manifest.csv"), 6)
+    ingest(inst, StoreResource(root=str(par)), "mixed", str(small_dataset / "manifest.csv"), 6)
+    assert len(keys) == 2
+    for k in keys:
+        run(inst, seq, k, tiny_videomae)
+    procs = [subprocess.Popen([sys.executable, "-c", CONCURRENT_SCRIPT, str(par), k, str(tiny_videomae)], cwd=REPO,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE) for k in keys]
+    for p in procs:
+        assert p.wait(timeout=300) == 0, p.stderr.read().decode()[-2000:]
+    for k in keys:
+        assert shard_bytes(par, k) == shard_bytes(seq, k)
+
+
+def test_inbox_sensor_adds_partition_and_requests_run(small_dataset, tmp_path):
+    inst = dg.DagsterInstance.ephemeral()
+    store = StoreResource(root=str(tmp_path / "store"), inbox=str(tmp_path / "inbox"))
+    (tmp_path / "inbox").mkdir()
+    ctx = dg.build_sensor_context(instance=inst, resources={"store": store})
+    assert isinstance(inbox_sensor(ctx), dg.SkipReason)
+    shutil.copytree(small_dataset, tmp_path / "inbox" / "Batch 7")
+    result = inbox_sensor(dg.build_sensor_context(instance=inst, resources={"store": store}))
+    assert [r.partition_key for r in result.run_requests] == ["inbox_batch_7-000"]
+    assert result.dynamic_partitions_requests[0].partition_keys == ["inbox_batch_7-000"]
+    inst.add_dynamic_partitions(shards.name, ["inbox_batch_7-000"])
+    assert isinstance(inbox_sensor(dg.build_sensor_context(instance=inst, resources={"store": store})), dg.SkipReason)
+
+
+def test_definitions_load():
+    graph = defs.resolve_asset_graph()
+    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    assert {"video_manifest", "clip_latents", "static_latents"} <= keys
+    assert defs.get_job_def("extract_latents") is not None
+    assert defs.get_sensor_def("inbox_sensor") is not None

@@ -1,0 +1,125 @@
+"""Metrics against sklearn and against hand-computed values."""
+import numpy as np
+import pytest
+from sklearn.metrics import average_precision_score, f1_score, roc_auc_score
+
+from splavu_core.evaluation.metrics import (chance_cmap, cmap, frame_auc, frame_labels, frame_scores,
+                                            interpolated_ap, macro_f1, segment_iou, tad_map, top1)
+from splavu_core.evaluation.probes import leakage_removed, relative_change
+from splavu_core.features import VideoFeatures
+
+
+def video(vid, n_clips, clip_s, n_frames, fps, **meta):
+    starts = np.arange(n_clips) * clip_s
+    return VideoFeatures(vid, "test", np.zeros((n_clips, 4), np.float32), starts, starts + clip_s, n_frames, fps, meta)
+
+
+# ---------------------------------------------------------------- privacy metrics
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cmap_and_macro_f1_match_sklearn(seed):
+    rng = np.random.default_rng(seed)
+    y = (rng.random((200, 7)) < rng.uniform(0.1, 0.6, 7)).astype(int)
+    s = np.clip(0.3 * y + rng.random((200, 7)), 0, 1)    # clipping makes ties at 1.0
+    assert cmap(y, s) == pytest.approx(average_precision_score(y, s, average="macro"), abs=1e-12)
+    coarse = np.round(s, 1)                               # heavy ties: AP groups tied scores into one threshold
+    assert cmap(y, coarse) == pytest.approx(average_precision_score(y, coarse, average="macro"), abs=1e-12)
+    assert macro_f1(y, s) == pytest.approx(f1_score(y, (s >= 0.5).astype(int), average="macro"), abs=1e-12)
+    assert macro_f1(y, s, threshold=0.8) == pytest.approx(f1_score(y, (s >= 0.8).astype(int), average="macro"))
+
+
+def test_cmap_rejects_single_class_column_by_index():
+    y = np.array([[0, 1, 1], [1, 1, 0], [0, 1, 1]])
+    with pytest.raises(ValueError, match="column 1"):
+        cmap(y, np.random.default_rng(0).random(y.shape))
+
+
+def test_chance_cmap_is_mean_prevalence_and_matches_random_scores():
+    rng = np.random.default_rng(1)
+    y = (rng.random((4000, 3)) < [0.1, 0.3, 0.5]).astype(int)
+    assert chance_cmap(y) == pytest.approx(y.mean(0).mean())
+    assert cmap(y, rng.random(y.shape)) == pytest.approx(chance_cmap(y), abs=0.02)  # random scorer ~ chance
+
+
+def test_top1():
+    probs = np.array([[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]])
+    assert top1(probs, np.array([1, 0, 0])) == pytest.approx(2 / 3)
+
+
+def test_leakage_helpers():
+    assert leakage_removed(0.8, 0.5, 0.4) == pytest.approx(0.75)
+    assert relative_change(70.47, 49.92) == pytest.approx(-0.2916, abs=1e-4)
+    with pytest.raises(ValueError, match="not above chance"):
+        leakage_removed(0.4, 0.4, 0.45)
+
+
+# ---------------------------------------------------------------- frame AUC
+
+def test_frame_scores_repeat_clips_and_extend_last_clip():
+    # fps 2, clips of 2 frames: 4 clips cover frames 0..7; frames 8, 9 take the last clip's score.
+    v = video("a", 4, 1.0, 10, 2.0, anomaly=1, anomaly_intervals=[[1.0, 2.5]])
+    scores = np.array([0.1, 0.8, 0.6, 0.3])
+    np.testing.assert_allclose(frame_scores(v, scores), [0.1, 0.1, 0.8, 0.8, 0.6, 0.6, 0.3, 0.3, 0.3, 0.3])
+    np.testing.assert_array_equal(frame_labels(v), [0, 0, 1, 1, 1, 0, 0, 0, 0, 0])  # f / 2 in [1.0, 2.5)
+
+
+def test_frame_auc_matches_sklearn_on_repeated_frames():
+    a = video("a", 4, 1.0, 10, 2.0, anomaly=1, anomaly_intervals=[[1.0, 2.5]])
+    b = video("b", 2, 1.0, 4, 2.0, anomaly=0, anomaly_intervals=None)
+    got = frame_auc([(a, [0.1, 0.8, 0.6, 0.3]), (b, [0.2, 0.05])])
+    y = [0, 0, 1, 1, 1, 0, 0, 0, 0, 0] + [0, 0, 0, 0]
+    s = [0.1, 0.1, 0.8, 0.8, 0.6, 0.6, 0.3, 0.3, 0.3, 0.3] + [0.2, 0.2, 0.05, 0.05]
+    assert got == pytest.approx(roc_auc_score(y, s))
+    assert got != pytest.approx(roc_auc_score([0, 1, 0, 0, 0, 0], [0.1, 0.8, 0.6, 0.3, 0.2, 0.05]))  # not per clip
+
+
+def test_frame_auc_refuses_degenerate_input():
+    b = video("b", 2, 1.0, 4, 2.0, anomaly=0)
+    with pytest.raises(ValueError, match="AUC is undefined"):
+        frame_auc([(b, [0.2, 0.05])])
+    with pytest.raises(ValueError, match="without anomaly_intervals"):
+        frame_labels(video("c", 2, 1.0, 4, 2.0, anomaly=1))
+
+
+# ---------------------------------------------------------------- TAD mAP
+
+def test_segment_iou_and_interpolated_ap():
+    np.testing.assert_allclose(segment_iou((0, 10), [[0, 10], [5, 15], [20, 30], [2, 4]]), [1, 1 / 3, 0, 0.2])
+    # precision 1, .5, 2/3 at recall 1/2, 1/2, 1 -> envelope 1 then 2/3
+    assert interpolated_ap(np.array([1, 0.5, 2 / 3]), np.array([0.5, 0.5, 1.0])) == pytest.approx(0.5 + 1 / 3)
+
+
+def test_tad_map_hand_computed():
+    gt = {"v1": [(0, 10, "A"), (20, 30, "A")], "v2": [(5, 15, "A"), (20, 30, "B")]}
+    dets = {
+        "v1": [(0, 10, "A", 0.9),      # TP at every tIoU
+               (0, 10, "A", 0.8),      # duplicate of the matched GT: FP
+               (20, 25, "A", 0.6),     # tIoU 0.5 with (20, 30): TP at 0.3-0.5, FP at 0.6/0.7
+               (20, 30, "B", 0.95),    # B has no ground truth in v1: FP
+               (0, 5, "C", 0.99)],     # class absent from ground truth: ignored
+        "v2": [(5, 13, "A", 0.7),      # tIoU 0.8: TP everywhere
+               (22, 30, "B", 0.5),     # tIoU 0.8: TP
+               (10, 22, "B", 0.4)],    # tIoU 0.1: below every threshold, FP after the last TP
+    }
+    # Class A, tIoU <= 0.5: T F T T -> P 1, 1/2, 2/3, 3/4 at R 1/3, 1/3, 2/3, 1 -> AP = 1/3 + 1/3*.75 + 1/3*.75
+    ap_a_low = 1 / 3 + 0.25 + 0.25
+    # Class A, tIoU >= 0.6: T F T F -> AP = 1/3 * 1 + 1/3 * 2/3
+    ap_a_high = 1 / 3 + 2 / 9
+    ap_b = 0.5  # F T F: recall 1 reached at precision 1/2
+    out = tad_map(dets, gt)
+    for t in (0.3, 0.4, 0.5):
+        assert out[f"mAP@{t:g}"] == pytest.approx((ap_a_low + ap_b) / 2)
+    for t in (0.6, 0.7):
+        assert out[f"mAP@{t:g}"] == pytest.approx((ap_a_high + ap_b) / 2)
+    assert out["mAP"] == pytest.approx((3 * (ap_a_low + ap_b) / 2 + 2 * (ap_a_high + ap_b) / 2) / 5)
+
+
+def test_tad_map_matches_highest_tiou_unmatched_gt_and_counts_missed_classes():
+    gt = {"v": [(0, 10, 0), (3, 13, 0), (30, 40, 1)]}
+    # The first detection clears 0.5 with both GTs (0.67, 0.82): it must take (3, 13), leaving (0, 10) to the
+    # second (tIoU 0.9; only 0.46 with (3, 13), so a first-come match would make it a FP).
+    dets = {"v": [(2, 12, 0, 0.9), (0, 9, 0, 0.8)]}
+    out = tad_map(dets, gt, tious=(0.5,))
+    assert out["mAP"] == pytest.approx((1.0 + 0.0) / 2)  # class 0 perfect, class 1 never detected -> AP 0
+    with pytest.raises(ValueError, match="no segments"):
+        tad_map(dets, {"v": []})
