@@ -81,7 +81,7 @@ def frame_labels(video: VideoFeatures) -> np.ndarray:
     intervals = video.meta.get("anomaly_intervals") or []
     if video.meta.get("anomaly") == 1 and not intervals:
         raise ValueError(f"{video.video_id}: anomalous video without anomaly_intervals; frame labels unknown")
-    t = np.arange(video.n_frames) / video.fps
+    t = np.arange(video.n_frames) / video.fps + 1e-6  # tolerance: interval bounds written as rounded decimals
     labels = np.zeros(video.n_frames, dtype=int)
     for start, end in intervals:
         labels[(t >= start) & (t < end)] = 1
@@ -91,7 +91,8 @@ def frame_labels(video: VideoFeatures) -> np.ndarray:
 def frame_scores(video: VideoFeatures, clip_scores) -> np.ndarray:
     """(n_frames,): each clip's score repeated over its frames; frames after the last clip keep its score."""
     clip_scores = np.asarray(clip_scores, dtype=np.float64).reshape(-1)
-    assert len(clip_scores) == len(video.feats), f"{video.video_id}: {len(clip_scores)} scores for {len(video.feats)} clips"
+    assert len(clip_scores) == len(video.feats), \
+        f"{video.video_id}: {len(clip_scores)} scores for {len(video.feats)} clips"
     # Work in frame indices (rounded) so float clip times cannot shift a boundary frame.
     start_frames = np.round(np.asarray(video.clip_start_s) * video.fps).astype(int)  # (n_clips,)
     clip_of_frame = np.searchsorted(start_frames, np.arange(video.n_frames), side="right") - 1

@@ -246,6 +246,8 @@ def temporal_detection(train: Videos, test: Videos | None = None, classes: Seque
             dets = tad_decode(cls_logits[0], reg[0], v.clip_start_s, v.clip_end_s)
             detections[v.video_id] = [(s, e, classes[c], p) for s, e, c, p in dets]
             ground_truth[v.video_id] = [tuple(seg) for seg in v.meta.get("segments") or []]
+            unknown = {seg[2] for seg in ground_truth[v.video_id]} - set(classes)
+            assert not unknown, f"{v.video_id}: segment labels {sorted(unknown)} not in classes {classes}"
     return tad_map(detections, ground_truth, tious)
 
 

@@ -1,0 +1,95 @@
+"""aam_model: the Anonymizing Adapter Module, trained from cached latents only."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import dagster as dg
+from pydantic import Field
+
+from pipeline.resources import StoreResource
+from splavu_core.aam.io import adapter_version, save_adapter
+from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
+
+
+class AAMTrainingConfig(dg.Config):
+    """SPLAVU objective weights and optimisation; defaults from DESIGN.md scaled to the demo."""
+
+    tasks: list[str] = Field(default=["ar", "tad", "ad"], description="utility tasks co-trained (any subset)")
+    ar_dataset: str = "ar"
+    tad_dataset: str = "tad"
+    ad_dataset: str = "ad"
+    w_lc: float = 100.0
+    w_ar: float = 1.0
+    w_tad: float = 1.0
+    w_ad: float = 1.0
+    w_b: float = 1.0
+    temperature: float = 0.1
+    lr: float = 1e-4
+    epochs: int = 100
+    batch: int = 512
+    layers: int = 3
+    heads: int = 8
+    sub_tokens: int = 8
+    token_width: int = 64
+    seed: int = 0
+    selection: str = "val_ar"
+
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(tasks=tuple(self.tasks), w_lc=self.w_lc, w_ar=self.w_ar, w_tad=self.w_tad, w_ad=self.w_ad,
+                           w_b=self.w_b, temperature=self.temperature, lr=self.lr, epochs=self.epochs,
+                           batch=self.batch, seed=self.seed, selection=self.selection,
+                           adapter={"layers": self.layers, "heads": self.heads, "sub_tokens": self.sub_tokens,
+                                    "token_width": self.token_width})
+
+
+def loss_curve_png(history: list[dict]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    epochs = [h["epoch"] for h in history]
+    for key in ("lc", "ar", "tad", "ad", "privacy"):
+        if key in history[0]:
+            axes[0].plot(epochs, [h[key] for h in history], label=key)
+    axes[0].set_xlabel("epoch"), axes[0].set_yscale("log"), axes[0].legend(), axes[0].set_title("loss terms")
+    val = [h["val_ar_top1"] for h in history]
+    if any(v is not None for v in val):
+        axes[1].plot(epochs, val)
+    axes[1].set_xlabel("epoch"), axes[1].set_title("validation AR top-1")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+@dg.asset(deps=["clip_latents", "static_latents"], group_name="anonymizer", kinds={"pytorch", "safetensors"},
+          description="The AAM trained on cached clip + static latents (SPLAVU objectives). Never loads the encoder.")
+def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, store: StoreResource) -> dg.MaterializeResult:
+    fs = store.store()
+    data = load_training_data(fs, config.ar_dataset if "ar" in config.tasks or config.selection == "val_ar" else None,
+                              config.tad_dataset if "tad" in config.tasks else None,
+                              config.ad_dataset if "ad" in config.tasks else None)
+    adapter, acfg, summary = train_aam(data, config.train_config(), log=context.log.info)
+    fingerprint = fs.encoder_fingerprint()
+    version = adapter_version(adapter, acfg, fingerprint)  # content hash: same weights, same version
+    final = fs.root / "aam" / version
+    save_adapter(adapter, acfg, final, fingerprint, extra={k: v for k, v in summary.items() if k != "history"})
+    (final / "history.json").write_text(json.dumps(summary["history"]) + "\n")
+    png = loss_curve_png(summary["history"])
+    (final / "loss_curves.png").write_bytes(png)
+    from splavu_core.publish import record_version
+
+    record_version(fs, version, {"encoder_fingerprint": fingerprint, "config": acfg.to_dict()},
+                   {"selected_epoch": summary["selected_epoch"], **summary["final"]})
+    final_losses = {k: v for k, v in summary["final"].items() if k not in ("epoch",)}
+    return dg.MaterializeResult(metadata={
+        "version": version, "parameters": summary["parameters"], "encoder_fingerprint": fingerprint,
+        "selected_epoch": summary["selected_epoch"], "train_seconds": summary["seconds"],
+        "final_losses": dg.MetadataValue.json(final_losses), "path": str(final),
+        "loss_curves": dg.MetadataValue.md(f"![loss curves](data:image/png;base64,{base64.b64encode(png).decode()})"),
+    })

@@ -1,0 +1,513 @@
+"""Publishing anonymized feature tables from cached latents, and the bookkeeping around them.
+
+    <root>/anonymized/<aam_version>/<shard>.parquet   one row per clip, `feature` = f_A(raw clip latent)
+    <root>/aam_versions.parquet                       every recorded AAM version; exactly one is current
+    <root>/.trash/                                    where deletions go first (rename, then rmtree)
+
+Publishing needs only the cached raw latents and a saved adapter: the frozen encoder is never
+loaded (this module must not import transformers or the encoders). Three guards stand between the
+raw latents and a published table: the adapter must belong to the store's encoder, it must not be
+the identity (a fresh AAM is f_A(x) == x bit for bit, so it would publish the raw latents), and no
+published row may equal any raw row of the shard exactly.
+
+Retention: `apply_retention` keeps the newest N versions plus the current one; `purge_raw_latents`
+(opt-in, twice) deletes raw shards only once a complete anonymized table exists for each of them.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import time
+import uuid
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .features import VideoFeatures
+from .registry import dataset_of
+from .store import FeatureStore, StoreError, write_parquet_atomic
+
+CHUNK_ROWS = 2048          # adapter batch: bounded memory, and batch-invariant anyway (see aam/model.py)
+IDENTITY_EPS = 1e-6        # max |f(x) - x| over a shard at or below this: the adapter is the identity
+INDEX_COLUMNS = ("video_id", "clip_index", "start_frame", "end_frame", "start_s", "end_s", "split")
+JSON_COLUMNS = ("segments", "anomaly_intervals")
+META_DEFAULTS = ("path", "action", "segments", "anomaly", "anomaly_intervals", "subject_id", "group")
+
+VERSIONS_SCHEMA = pa.schema([("version", pa.string()), ("encoder_fingerprint", pa.string()),
+                             ("config", pa.string()), ("metrics", pa.string()),
+                             ("created_at", pa.timestamp("us", tz="UTC")), ("is_current", pa.bool_())])
+
+
+class PublishError(StoreError):
+    pass
+
+
+def anonymized_schema(dim: int) -> pa.Schema:
+    return pa.schema([("video_id", pa.string()), ("clip_index", pa.int32()), ("start_frame", pa.int32()),
+                      ("end_frame", pa.int32()), ("start_s", pa.float64()), ("end_s", pa.float64()),
+                      ("split", pa.string()), ("feature", pa.list_(pa.float32(), dim)),
+                      ("aam_version", pa.string()), ("encoder_fingerprint", pa.string()),
+                      ("created_at", pa.timestamp("us", tz="UTC"))])
+
+
+# ---------------------------------------------------------------- paths
+
+def anonymized_dir(store: FeatureStore, version: str) -> Path:
+    return store.root / "anonymized" / version
+
+
+def anonymized_path(store: FeatureStore, version: str, shard: str) -> Path:
+    return anonymized_dir(store, version) / f"{shard}.parquet"
+
+
+def versions_path(store: FeatureStore) -> Path:
+    return store.root / "aam_versions.parquet"
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _trash(store: FeatureStore, path: Path) -> int:
+    """Delete a file or folder: rename it out of every reader's glob first (atomic), then remove it.
+    Returns the bytes freed."""
+    size = _size(path)
+    trash = store.root / ".trash"
+    trash.mkdir(parents=True, exist_ok=True)
+    dest = trash / f"{path.name}.{uuid.uuid4().hex[:8]}"
+    os.rename(path, dest)
+    if dest.is_dir():
+        shutil.rmtree(dest, ignore_errors=True)
+    else:
+        dest.unlink(missing_ok=True)
+    return size
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+@contextmanager
+def _store_lock(store: FeatureStore, name: str):
+    """An advisory lock serialising read-modify-write of one small table (POSIX flock)."""
+    store.root.mkdir(parents=True, exist_ok=True)
+    with open(store.root / f".{name}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# ---------------------------------------------------------------- guards
+
+def _features(table: pa.Table) -> np.ndarray:
+    """The `feature` column (fixed-size or plain list of float32) as an (N, D) float32 array."""
+    col = table.column("feature").combine_chunks()
+    n = len(col)
+    if n == 0:
+        size = getattr(col.type, "list_size", 0)
+        return np.zeros((0, size), np.float32)
+    if col.null_count:
+        raise PublishError(f"feature column has {col.null_count} null rows")
+    flat = col.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    return flat.reshape(n, -1)
+
+
+def _row_hashes(a: np.ndarray, chunk: int = 4096) -> np.ndarray:
+    """(N,) uint64: a vectorised multiplicative hash of each row's float32 bit pattern.
+    Equal rows hash equal (-0.0 is folded into +0.0 first); collisions are re-checked exactly."""
+    a = np.ascontiguousarray(a, np.float32)
+    mult = np.random.default_rng(0x5EED).integers(1, 2 ** 63, a.shape[1], dtype=np.uint64) | np.uint64(1)
+    out = np.empty(len(a), np.uint64)
+    for s in range(0, len(a), chunk):
+        bits = (a[s:s + chunk] + np.float32(0)).view(np.uint32).astype(np.uint64)  # (c, D)
+        out[s:s + chunk] = (bits * mult).sum(axis=1)  # wraps mod 2**64, which is what we want
+    return out
+
+
+def assert_no_raw_latents(table: pa.Table, raw_clips: np.ndarray) -> None:
+    """Raise if any published feature row equals (bit for bit, as float32) any raw latent row.
+
+    Exact equality via row hashes, not np.allclose per pair: O(N) instead of O(N^2)."""
+    pub = _features(table)
+    raw = np.asarray(raw_clips, np.float32)
+    if len(pub) == 0 or len(raw) == 0:
+        return
+    if pub.shape[1] != raw.shape[1]:
+        return  # different widths cannot be equal rows
+    h_pub, h_raw = _row_hashes(pub), _row_hashes(raw)
+    candidates = np.flatnonzero(np.isin(h_pub, h_raw))
+    if not len(candidates):
+        return
+    by_hash: dict[int, list[int]] = {}
+    for j in np.flatnonzero(np.isin(h_raw, h_pub[candidates])):
+        by_hash.setdefault(int(h_raw[j]), []).append(int(j))
+    zero = np.float32(0)
+    leaks = [i for i in candidates
+             if any(np.array_equal(pub[i] + zero, raw[j] + zero) for j in by_hash.get(int(h_pub[i]), []))]
+    if leaks:
+        where = ""
+        if "video_id" in table.column_names and "clip_index" in table.column_names:
+            i = leaks[0]
+            where = f"; first: video {table['video_id'][i].as_py()!r} clip {table['clip_index'][i].as_py()}"
+        raise PublishError(f"{len(leaks)} of {len(pub)} published feature rows equal a raw latent row{where}: "
+                           f"refusing to publish raw latents")
+
+
+def assert_not_identity(raw: np.ndarray, anonymized: np.ndarray, eps: float = IDENTITY_EPS) -> float:
+    """Raise if max |f(x) - x| <= eps over the shard; return that maximum otherwise."""
+    if len(raw) == 0:
+        return float("nan")
+    diff = float(np.max(np.abs(np.asarray(anonymized, np.float32) - np.asarray(raw, np.float32))))
+    if diff <= eps:
+        raise PublishError(f"adapter is the identity (max |f(x)-x| = {diff:.3g} <= {eps:g}); refusing to publish "
+                           f"raw latents. A fresh AAM is the identity by construction: train it first.")
+    return diff
+
+
+# ---------------------------------------------------------------- anonymizing one shard
+
+def _load_checked_adapter(store: FeatureStore, adapter_dir):
+    from .aam.io import load_adapter  # torch + safetensors only; never the encoder
+
+    adapter_dir = Path(adapter_dir)
+    try:
+        adapter, cfg, meta = load_adapter(adapter_dir)
+    except FileNotFoundError as e:
+        raise PublishError(f"no AAM adapter at {adapter_dir} ({e}): train aam_model first") from e
+    want, have = store.encoder_fingerprint(), meta.get("encoder_fingerprint")
+    if have != want:
+        raise PublishError(f"adapter {adapter_dir} (version {meta['version']}) was trained on latents of encoder "
+                           f"{have!r}, but the store {store.root} holds latents of encoder {want!r}; refusing to mix them")
+    return adapter, cfg, meta
+
+
+def _run_adapter(adapter, cfg, clips: np.ndarray, video_ids: np.ndarray, clip_index: np.ndarray,
+                 chunk: int = CHUNK_ROWS) -> np.ndarray:
+    """f_A over a shard's clips, row order kept. Lone clips (N, D) unless the adapter attends across
+    a video's clips (cfg.clip_context), in which case whole videos go in as padded (B, T, D)."""
+    import torch
+
+    out = np.empty_like(clips)
+    with torch.no_grad():
+        if not cfg.clip_context:
+            for s in range(0, len(clips), chunk):
+                out[s:s + chunk] = adapter(torch.from_numpy(clips[s:s + chunk])).numpy()
+            return out
+        # group rows by video, in clip order; batch videos until ~chunk clips
+        order = np.lexsort((clip_index, video_ids.astype(str)))
+        bounds = np.flatnonzero(np.r_[True, video_ids[order][1:] != video_ids[order][:-1], True])
+        groups = [order[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        i = 0
+        while i < len(groups):
+            batch, n = [], 0
+            while i < len(groups) and (not batch or n + len(groups[i]) <= chunk):
+                batch.append(groups[i])
+                n += len(groups[i])
+                i += 1
+            T = max(len(g) for g in batch)
+            x = np.zeros((len(batch), T, clips.shape[1]), np.float32)
+            mask = np.zeros((len(batch), T), bool)
+            for b, g in enumerate(batch):
+                x[b, :len(g)], mask[b, :len(g)] = clips[g], True
+            y = adapter(torch.from_numpy(x), torch.from_numpy(mask)).numpy()
+            for b, g in enumerate(batch):
+                out[g] = y[b, :len(g)]
+    return out
+
+
+def _published_rows(path: Path) -> int | None:
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception:  # unreadable: treat as absent, it gets rewritten
+        return None
+
+
+def anonymize_shard(store: FeatureStore, shard: str, adapter_dir) -> dict:
+    """Write <root>/anonymized/<aam_version>/<shard>.parquet from the shard's cached clip latents.
+
+    Skipped when that file already holds as many rows as the shard has committed clips."""
+    t0 = time.perf_counter()
+    adapter, cfg, meta = _load_checked_adapter(store, adapter_dir)
+    version, fp = meta["version"], meta["encoder_fingerprint"]
+    out = anonymized_path(store, version, shard)
+    commit = store.committed(shard)
+    if commit is None:
+        raise PublishError(f"shard {shard!r} has no committed latents in {store.root / 'latents'}: "
+                           f"materialise clip_latents for it first")
+    base = {"shard": shard, "version": version, "path": str(out), "dim": cfg.dim}
+    if out.is_file() and _published_rows(out) == commit["clips"]:
+        return {**base, "rows": commit["clips"], "seconds": time.perf_counter() - t0, "skipped": True}
+
+    data = store.read_shard(shard, with_static=False)
+    clips = np.ascontiguousarray(data.clips, np.float32)
+    if clips.shape[1] != cfg.dim:
+        raise PublishError(f"shard {shard!r} has {clips.shape[1]}-d latents, adapter {adapter_dir} expects {cfg.dim}")
+    index = data.index.select(list(INDEX_COLUMNS))
+    vids = index["video_id"].to_numpy(zero_copy_only=False)
+    feats = _run_adapter(adapter, cfg, clips, vids, index["clip_index"].to_numpy())
+    if not np.isfinite(feats).all():
+        raise PublishError(f"adapter {adapter_dir} produced non-finite features on shard {shard!r}")
+    max_change = assert_not_identity(clips, feats)
+
+    table = _anonymized_table(index, feats, version, fp)
+    assert_no_raw_latents(table, clips)
+    write_parquet_atomic(table, out)
+    return {**base, "rows": table.num_rows, "max_abs_change": max_change, "seconds": time.perf_counter() - t0,
+            "skipped": False}
+
+
+def _anonymized_table(index: pa.Table, feats: np.ndarray, version: str, fp: str) -> pa.Table:
+    n, d = feats.shape
+    feature = pa.FixedSizeListArray.from_arrays(pa.array(feats.reshape(-1), pa.float32()), d)
+    created = pa.array(np.full(n, np.datetime64(_now().replace(tzinfo=None), "us")), pa.timestamp("us", tz="UTC"))
+    cols = [index[c] for c in INDEX_COLUMNS] + [feature, pa.array([version] * n, pa.string()),
+                                                pa.array([fp] * n, pa.string()), created]
+    return pa.Table.from_arrays(cols, schema=anonymized_schema(d))
+
+
+# ---------------------------------------------------------------- AAM versions
+
+def read_versions(store: FeatureStore) -> pa.Table:
+    p = versions_path(store)
+    if not p.is_file():
+        return VERSIONS_SCHEMA.empty_table()
+    try:
+        return pq.read_table(p)
+    except Exception as e:
+        raise PublishError(f"{p}: unreadable Parquet ({e})") from e
+
+
+def _write_versions(store: FeatureStore, rows: list[dict]) -> pa.Table:
+    if rows and not any(r["is_current"] for r in rows):
+        rows[-1]["is_current"] = True  # "exactly one current" holds as soon as one version exists
+    table = pa.Table.from_pylist(rows, schema=VERSIONS_SCHEMA)
+    write_parquet_atomic(table, versions_path(store))
+    return table
+
+
+def record_version(store: FeatureStore, version: str, meta: dict, metrics: dict | None = None,
+                   make_current: bool = True) -> pa.Table:
+    """Add (or update) `version` in <root>/aam_versions.parquet; returns the new table.
+
+    `meta` needs encoder_fingerprint and config (the adapter's JSON sidecar fits). Re-recording a
+    version keeps its first created_at (retention orders by it) and replaces config/metrics.
+    With make_current=False the first version ever recorded still becomes current."""
+    fp = meta.get("encoder_fingerprint")
+    if store.encoder_fingerprint() is not None and fp != store.encoder_fingerprint():
+        raise PublishError(f"AAM version {version} belongs to encoder {fp!r}, but the store {store.root} holds "
+                           f"latents of encoder {store.encoder_fingerprint()!r}")
+    if meta.get("version") not in (None, version):
+        raise PublishError(f"meta describes AAM version {meta['version']}, not {version}")
+    with _store_lock(store, "aam_versions"):
+        rows = read_versions(store).to_pylist()
+        old = next((r for r in rows if r["version"] == version), None)
+        row = {"version": version, "encoder_fingerprint": fp,
+               "config": json.dumps(meta.get("config", {}), sort_keys=True),
+               "metrics": json.dumps(metrics or {}, sort_keys=True, default=float),
+               "created_at": old["created_at"] if old else _now(),
+               "is_current": bool(old and old["is_current"])}
+        rows = [r for r in rows if r["version"] != version] + [row]
+        if make_current:
+            for r in rows:
+                r["is_current"] = r["version"] == version
+        return _write_versions(store, rows)
+
+
+def set_current(store: FeatureStore, version: str) -> None:
+    """Make an already recorded version the current one (e.g. roll back)."""
+    with _store_lock(store, "aam_versions"):
+        rows = read_versions(store).to_pylist()
+        if version not in {r["version"] for r in rows}:
+            raise PublishError(f"AAM version {version} is not recorded in {versions_path(store)}")
+        for r in rows:
+            r["is_current"] = r["version"] == version
+        _write_versions(store, rows)
+
+
+def current_version(store: FeatureStore) -> str | None:
+    t = read_versions(store)
+    cur = t.filter(t["is_current"])["version"].to_pylist()
+    return cur[0] if cur else None
+
+
+# ---------------------------------------------------------------- retention
+
+def _published_shards(store: FeatureStore, version: str) -> set[str]:
+    d = anonymized_dir(store, version)
+    return {p.stem for p in d.glob("*.parquet")} if d.is_dir() else set()
+
+
+def apply_retention(store: FeatureStore, keep: int) -> dict:
+    """Delete anonymized/<version>/ of all recorded versions but the newest `keep` (by created_at)
+    and the current one. Folders of versions not in aam_versions (e.g. a publication in progress)
+    are never touched. A table is also kept when it is the last copy of a shard whose raw latents
+    were purged (deleting it would lose that shard for good)."""
+    assert keep >= 1, f"keep must be >= 1, got {keep}"
+    with _store_lock(store, "aam_versions"):
+        rows = sorted(read_versions(store).to_pylist(), key=lambda r: r["created_at"], reverse=True)
+        kept = {r["version"] for r in rows[:keep]} | {r["version"] for r in rows if r["is_current"]}
+        recorded = {r["version"] for r in rows}
+        raw = set(store.committed_shards())
+        covered = set().union(*(_published_shards(store, v) for v in kept)) if kept else set()
+        deleted, protected, freed = [], [], 0
+        for r in rows:
+            v = r["version"]
+            d = anonymized_dir(store, v)
+            if v in kept or not d.is_dir():
+                continue
+            for shard in sorted(_published_shards(store, v)):
+                if shard not in raw and shard not in covered:
+                    protected.append(f"{v}/{shard}")
+                    covered.add(shard)  # one copy is enough
+                    continue
+                freed += _trash(store, anonymized_path(store, v, shard))
+            if not any(d.iterdir()):
+                d.rmdir()
+            deleted.append(v)
+    on_disk = {p.name for p in (store.root / "anonymized").glob("*") if p.is_dir()} if (store.root / "anonymized").is_dir() else set()
+    return {"deleted": deleted, "kept": sorted(kept), "protected": protected, "bytes_freed": freed,
+            "untracked": sorted(on_disk - recorded)}
+
+
+def purge_raw_latents(store: FeatureStore, shards: list[str], version: str, *, allow_retraining: bool = True) -> dict:
+    """Delete the raw latent folders of `shards` (opt-in; irreversible without re-running the encoder).
+
+    Refuses, deleting nothing, unless every shard has a complete anonymized table for `version`
+    (rows == committed clips in its _COMMIT.json). Refuses too while `allow_retraining` is True
+    (the default): training a new AAM, and every raw-latent baseline, needs these raw latents, so
+    the caller must pass allow_retraining=False to say the store will never be retrained."""
+    if allow_retraining:
+        raise PublishError("purge_raw_latents: refusing while allow_retraining=True: a new AAM (and any raw baseline) "
+                           "is trained on these raw latents. Pass allow_retraining=False to confirm they are no longer "
+                           "needed.")
+    problems = []
+    for shard in shards:
+        commit = store.committed(shard)
+        out = anonymized_path(store, version, shard)
+        if commit is None:
+            problems.append(f"{shard} (no committed raw latents)")
+        elif not out.is_file():
+            problems.append(f"{shard} (no anonymized table {out})")
+        elif (n := _published_rows(out)) != commit["clips"]:
+            problems.append(f"{shard} ({out} holds {n} rows, the shard has {commit['clips']} clips)")
+    if problems:
+        raise PublishError(f"purge_raw_latents: nothing deleted; these shards still need their raw latents for "
+                           f"AAM version {version}: " + "; ".join(problems))
+    freed = sum(_trash(store, store.shard_dir(s)) for s in shards)
+    return {"purged": list(shards), "version": version, "bytes_freed": freed}
+
+
+# ---------------------------------------------------------------- reading
+
+def _read_parquet(path: Path) -> pa.Table:
+    try:
+        return pq.read_table(path)
+    except Exception as e:
+        raise PublishError(f"{path}: unreadable Parquet ({type(e).__name__}: {e})") from e
+
+
+def _version_or_current(store: FeatureStore, version: str | None) -> str:
+    version = version or current_version(store)
+    if version is None:
+        raise PublishError(f"no current AAM version in {versions_path(store)}: record one (record_version) or pass version=")
+    return version
+
+
+def _anonymized_files(store: FeatureStore, version: str, shards=None) -> list[Path]:
+    d = anonymized_dir(store, version)
+    if shards is None:
+        files = sorted(d.glob("*.parquet")) if d.is_dir() else []
+        if not files:
+            raise PublishError(f"AAM version {version} has no anonymized tables in {d}")
+        return files
+    files = [anonymized_path(store, version, s) for s in shards]
+    missing = [str(p) for p in files if not p.is_file()]
+    if missing:
+        raise PublishError(f"AAM version {version}: missing anonymized tables {missing}")
+    return files
+
+
+def read_anonymized(store: FeatureStore, version: str | None = None, shards: list[str] | None = None) -> pa.Table:
+    """All rows of the anonymized tables of `version` (default: the current one), shards in name order.
+    A file that does not read raises naming it; pass shards= to read around it."""
+    version = _version_or_current(store, version)
+    tables = []
+    for p in _anonymized_files(store, version, shards):
+        t = _read_parquet(p)
+        got = set(pc.unique(t["aam_version"]).to_pylist()) if t.num_rows else {version}
+        if got != {version}:
+            raise PublishError(f"{p}: holds rows of AAM versions {sorted(got)}, expected only {version}")
+        tables.append(t)
+    return pa.concat_tables(tables)
+
+
+def _manifest_rows(store: FeatureStore, shard: str) -> dict[str, dict]:
+    rows = {}
+    for r in store.read_shard_manifest(shard).to_pylist():
+        meta = {k: None for k in META_DEFAULTS}
+        for k, v in r.items():
+            meta[k] = json.loads(v) if k in JSON_COLUMNS and isinstance(v, str) else v
+        rows[r["video_id"]] = meta
+    return rows
+
+
+def _group_videos(shard: str, index: pa.Table, feats: np.ndarray, manifest: dict[str, dict]) -> list[VideoFeatures]:
+    order = pc.sort_indices(index, [("video_id", "ascending"), ("clip_index", "ascending")]).to_numpy()
+    vids = index["video_id"].to_numpy(zero_copy_only=False)[order]
+    cols = {c: index[c].to_numpy(zero_copy_only=False)[order] for c in ("start_s", "end_s", "end_frame", "split")}
+    bounds = np.flatnonzero(np.r_[True, vids[1:] != vids[:-1], True])
+    found = {}
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        vid = vids[a]
+        if vid not in manifest:
+            raise StoreError(f"shard {shard!r}: video {vid!r} has clips but no row in its manifest")
+        end_s, end_frame = cols["end_s"][a:b], cols["end_frame"][a:b]
+        meta = {**manifest[vid], "dataset": dataset_of(shard), "shard": shard}
+        meta.pop("video_id", None), meta.pop("split", None)
+        found[vid] = VideoFeatures(video_id=vid, split=cols["split"][a], feats=np.ascontiguousarray(feats[order[a:b]]),
+                                   clip_start_s=cols["start_s"][a:b].astype(np.float64), clip_end_s=end_s.astype(np.float64),
+                                   n_frames=int(end_frame[-1]), fps=float(end_frame[0] / end_s[0]), meta=meta)
+    return [found[v] for v in manifest if v in found]  # manifest order: deterministic
+
+
+def load_video_features(store: FeatureStore, source: str = "raw", version: str | None = None,
+                        datasets: list[str] | None = None, shards: list[str] | None = None) -> list[VideoFeatures]:
+    """Every video of the chosen shards as VideoFeatures, from raw latents or an anonymized table.
+
+    n_frames is the end of the video's last clip (frames after it were never encoded), fps is
+    end_frame / end_s of its first clip."""
+    if source not in ("raw", "anonymized"):
+        raise ValueError(f"source must be 'raw' or 'anonymized', got {source!r}")
+    if source == "raw":
+        available = store.committed_shards()
+    else:
+        version = _version_or_current(store, version)
+        available = sorted(_published_shards(store, version))
+    if shards is not None:
+        missing = sorted(set(shards) - set(available))
+        if missing:
+            raise StoreError(f"no {source} features for shards {missing} in {store.root}")
+        available = [s for s in available if s in set(shards)]
+    if datasets is not None:
+        available = [s for s in available if dataset_of(s) in set(datasets)]
+    videos = []
+    for shard in available:
+        if source == "raw":
+            data = store.read_shard(shard, with_static=False)
+            index, feats = data.index, data.clips
+        else:
+            index = _read_parquet(anonymized_path(store, version, shard))
+            feats = _features(index)
+        videos += _group_videos(shard, index, feats, _manifest_rows(store, shard))
+    return videos
