@@ -1,5 +1,4 @@
 """aam_model: the Anonymizing Adapter Module, trained from cached latents only."""
-from __future__ import annotations
 
 import base64
 import io
@@ -85,7 +84,8 @@ def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, stor
     from splavu_core.publish import record_version
 
     record_version(fs, version, {"encoder_fingerprint": fingerprint, "config": acfg.to_dict()},
-                   {"selected_epoch": summary["selected_epoch"], **summary["final"]})
+                   {"selected_epoch": summary["selected_epoch"], **summary["final"]},
+                   make_current=False)  # becomes current once its tables are published
     final_losses = {k: v for k, v in summary["final"].items() if k not in ("epoch",)}
     return dg.MaterializeResult(metadata={
         "version": version, "parameters": summary["parameters"], "encoder_fingerprint": fingerprint,

@@ -62,8 +62,9 @@ def _extract(store, encoder, keys, quiet=False) -> list[dict]:
                "skipped": clip["skipped"].value}
         rows.append(row)
         if not quiet:
+            speed = "(already extracted)" if row["skipped"] else f"{row['clips_per_s']:.0f} clips/s"
             print(f"  {k:14s} videos {row['videos']:5d}  clips {row['clips']:6d}  quarantined {row['quarantined']:3d}"
-                  f"  {'(already extracted)' if row['skipped'] else f'{row['clips_per_s']:.0f} clips/s'}", flush=True)
+                  f"  {speed}", flush=True)
     return rows
 
 

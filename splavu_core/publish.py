@@ -399,7 +399,9 @@ def purge_raw_latents(store: FeatureStore, shards: list[str], version: str, *, a
             problems.append(f"{shard} (no committed raw latents)")
         elif not out.is_file():
             problems.append(f"{shard} (no anonymized table {out})")
-        elif (n := _published_rows(out)) != commit["clips"]:
+        elif (n := _published_rows(out)) is None:
+            problems.append(f"{shard} ({out} is not readable Parquet)")
+        elif n != commit["clips"]:
             problems.append(f"{shard} ({out} holds {n} rows, the shard has {commit['clips']} clips)")
     if problems:
         raise PublishError(f"purge_raw_latents: nothing deleted; these shards still need their raw latents for "

@@ -49,3 +49,21 @@ def tiny_vjepa2(tmp_path_factory):
     path = tmp_path_factory.mktemp("vjepa2")
     VJEPA2Model(cfg).save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_store(tiny_bench, tiny_videomae, tmp_path_factory):
+    """A store with the tiny benchmark's latents (tiny random VideoMAE), extracted through Dagster."""
+    import dagster as dg
+
+    from pipeline.resources import EncoderResource, StoreResource
+    from pipeline.runner import ingest, materialize_shard
+
+    bench, _ = tiny_bench
+    root = tmp_path_factory.mktemp("store")
+    inst = dg.DagsterInstance.ephemeral()
+    store, enc = StoreResource(root=str(root)), EncoderResource(checkpoint=str(tiny_videomae))
+    for name in ("ar", "tad", "ad", "privacy", "bias_f", "gait"):
+        for key in ingest(inst, store, name, str(bench / name / "manifest.csv"), 64):
+            assert materialize_shard(inst, key, store, enc).success
+    return root

@@ -216,7 +216,7 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
             opt_tad.step()
             opt_ad.step()
             for name, v in {**parts, "total": loss}.items():
-                sums[name] = sums.get(name, 0.0) + float(v) / steps_per_epoch
+                sums[name] = sums.get(name, 0.0) + float(v.detach() if torch.is_tensor(v) else v) / steps_per_epoch
         adapter.eval()
         val = val_ar_top1(adapter, ar_head, data.ar_val, data.classes) if data.ar_val and "ar" in cfg.tasks else None
         adapter.train()

@@ -1,0 +1,418 @@
+"""The analysts' DuckDB catalog: <root>/catalog.duckdb, views over the store's Parquet tables.
+
+    videos                    manifests/*.parquet (+ dataset, shard)
+    clips                     latents/*/clips.parquet: the clip INDEX of raw shards (+ dataset, shard)
+    quarantine                latents/*/quarantine.parquet (+ dataset)
+    anonymized_features       anonymized/<current>/*.parquet, feature as FLOAT[D] (+ dataset, shard)
+    anonymized_features_all   anonymized/*/*.parquet, every version
+    aam_versions              aam_versions.parquet
+    metrics                   metrics/*.parquet
+    runs                      runs/*.parquet
+    storage                   storage.parquet: one row per file of the store, computed at build time
+
+The catalog holds views only: no data is copied into it, and no view reads raw latent arrays
+(Zarr) - only the index and metadata tables next to them. Views use glob patterns, so new shards
+appear without a rebuild; a rebuild is needed when the current AAM version changes, when a table
+goes from zero files to some (its view is an empty typed SELECT until then), or after retention /
+purges empty a glob (DuckDB errors on a glob that matches nothing).
+
+Rebuilds write a new file and os.replace it over catalog.duckdb: an analyst holding a read-only
+connection keeps reading the old file, and a crash mid-build leaves the old catalog in place.
+"""
+from __future__ import annotations
+
+import csv
+import glob
+import io
+import json
+import math
+import os
+import time
+import uuid
+from datetime import date, datetime
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .publish import VERSIONS_SCHEMA, anonymized_dir, current_version, read_versions
+from .store import CLIP_INDEX_SCHEMA, QUARANTINE_SCHEMA, FeatureStore, StoreError, write_parquet_atomic
+
+CATALOG_FILE = "catalog.duckdb"
+STALE_TEMP_S = 3600  # temp catalogs older than this were left by a crashed build
+
+VIDEOS_SCHEMA = pa.schema([("video_id", pa.string()), ("path", pa.string()), ("split", pa.string()),
+                           ("action", pa.string()), ("segments", pa.string()), ("anomaly", pa.int64()),
+                           ("anomaly_intervals", pa.string()), ("subject_id", pa.string()), ("group", pa.string())])
+METRICS_SCHEMA = pa.schema([("feature_set", pa.string()), ("aam_version", pa.string()), ("task", pa.string()),
+                            ("metric", pa.string()), ("value", pa.float64()), ("split", pa.string()),
+                            ("created_at", pa.timestamp("us", tz="UTC"))])
+RUNS_SCHEMA = pa.schema([("run_id", pa.string()), ("job", pa.string()), ("status", pa.string()),
+                         ("started_at", pa.timestamp("us", tz="UTC")), ("finished_at", pa.timestamp("us", tz="UTC"))])
+STORAGE_SCHEMA = pa.schema([("kind", pa.string()), ("shard", pa.string()), ("aam_version", pa.string()),
+                            ("path", pa.string()), ("bytes", pa.int64())])
+
+SHARD_FROM_FILE = r"regexp_extract(filename, '([^/]+)\.parquet$', 1)"
+SHARD_FROM_DIR = r"regexp_extract(filename, '/([^/]+)/[^/]+\.parquet$', 1)"
+
+
+class CatalogError(StoreError):
+    pass
+
+
+def catalog_path(store: FeatureStore) -> Path:
+    return store.root / CATALOG_FILE
+
+
+# ---------------------------------------------------------------- SQL helpers
+
+def _lit(s: str) -> str:
+    return "'" + str(s).replace("'", "''") + "'"
+
+
+def _duck_type(t: pa.DataType) -> str:
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "VARCHAR"
+    if pa.types.is_fixed_size_list(t):
+        return f"{_duck_type(t.value_type)}[{t.list_size}]"
+    if pa.types.is_list(t):
+        return f"{_duck_type(t.value_type)}[]"
+    if pa.types.is_timestamp(t):
+        return "TIMESTAMPTZ" if t.tz else "TIMESTAMP"
+    simple = {pa.int32(): "INTEGER", pa.int64(): "BIGINT", pa.float32(): "FLOAT", pa.float64(): "DOUBLE",
+              pa.bool_(): "BOOLEAN"}
+    return simple[t]
+
+
+def _empty_select(schema: pa.Schema, extra: tuple[str, ...] = ()) -> str:
+    """A SELECT with the schema's columns (+ VARCHAR extras) and no rows: queries on it still work."""
+    cols = [f"NULL::VARCHAR AS {c}" for c in extra] + \
+           [f'NULL::{_duck_type(f.type)} AS "{f.name}"' for f in schema]
+    return f"SELECT {', '.join(cols)} WHERE false"
+
+
+def _first_line(e: Exception) -> str:
+    return str(e).strip().splitlines()[0]
+
+
+def _dataset_sql(shard_expr: str) -> str:
+    return f"regexp_extract({shard_expr}, '^(.*)-[0-9]+$', 1)"
+
+
+def _parquet_view(con, name: str, pattern: Path | None, select: str, empty: str) -> int:
+    """CREATE VIEW name over read_parquet(pattern) if any file matches now, else over `empty`.
+    `select` is formatted with {src} = the read_parquet(...) call. Returns the files matched."""
+    import duckdb
+
+    files = sorted(glob.glob(str(pattern))) if pattern else []  # like DuckDB's glob, but `*` skips hidden names (temp files)
+    src = f"read_parquet({_lit(pattern)}, union_by_name=true, filename=true)"
+    try:
+        con.sql(f"CREATE OR REPLACE VIEW {name} AS {select.format(src=src) if files else empty}")
+        con.sql(f"SELECT count(*) FROM {name}").fetchall()  # reads every footer: a broken file fails the build here
+    except duckdb.Error as e:
+        raise CatalogError(f"catalog view {name!r} over {pattern} does not read ({_first_line(e)}); the old catalog is left "
+                           f"intact. Fix or re-publish the file named above and rebuild.") from e
+    return len(files)
+
+
+# ---------------------------------------------------------------- storage table
+
+def _classify(rel: Path) -> tuple[str, str | None, str | None]:
+    """(kind, shard, aam_version) of a path relative to the store root."""
+    parts = rel.parts
+    top = parts[0] if len(parts) > 1 else ""
+    if top == "latents":
+        if parts[1].startswith("."):
+            return "staging", None, None
+        return ("raw_latents" if len(parts) > 2 and parts[2] == "latents.zarr" else "raw_index"), parts[1], None
+    if top == "anonymized" and len(parts) == 3:
+        return "anonymized", Path(parts[2]).stem, parts[1]
+    if top == "aam":
+        return "aam", None, parts[1]
+    if top == "manifests":
+        return "manifests", Path(parts[1]).stem, None
+    if top in ("metrics", "runs", "datasets"):
+        return top, None, None
+    if top == ".trash":
+        return "trash", None, None
+    if rel.name.startswith((CATALOG_FILE, ".catalog.")) or rel.name == "storage.parquet":
+        return "catalog", None, None
+    if rel.name == "aam_versions.parquet":
+        return "aam", None, None
+    if len(parts) == 1:
+        return "store_meta", None, None  # store.json, lock files
+    return "other", None, None
+
+
+def storage_table(store: FeatureStore) -> pa.Table:
+    rows = []
+    for dirpath, _, names in os.walk(store.root):
+        for n in names:
+            p = Path(dirpath) / n
+            try:
+                size = p.stat().st_size
+            except FileNotFoundError:  # removed while we walked (a writer's temp file)
+                continue
+            rel = p.relative_to(store.root)
+            kind, shard, version = _classify(rel)
+            rows.append({"kind": kind, "shard": shard, "aam_version": version, "path": str(rel), "bytes": size})
+    rows.sort(key=lambda r: r["path"])
+    return pa.Table.from_pylist(rows, schema=STORAGE_SCHEMA)
+
+
+# ---------------------------------------------------------------- build
+
+def _feature_dim(store: FeatureStore, version: str | None) -> int | None:
+    """D for FLOAT[D]: from a published file's schema, else the version's config, else a raw shard."""
+    dirs = [anonymized_dir(store, version)] if version else []
+    dirs += sorted(p for p in (store.root / "anonymized").glob("*") if p.is_dir()) if (store.root / "anonymized").is_dir() else []
+    for d in dirs:
+        for f in sorted(d.glob("*.parquet")):
+            try:
+                t = pq.read_schema(f).field("feature").type
+            except Exception:
+                continue
+            if pa.types.is_fixed_size_list(t):
+                return t.list_size
+    vt = read_versions(store)
+    for cfg in vt.filter(vt["version"] == version)["config"].to_pylist() if version else []:
+        if "dim" in json.loads(cfg):
+            return int(json.loads(cfg)["dim"])
+    for shard in store.committed_shards():
+        return int(store.committed(shard)["dim"])
+    return None
+
+
+def _anonymized_views(con, store: FeatureStore, version: str | None, dim: int | None) -> dict:
+    from .publish import anonymized_schema
+
+    root = store.root.resolve()
+    feat = f"feature::FLOAT[{dim}]" if dim else "feature"
+    shard = SHARD_FROM_FILE
+    select = (f"SELECT {_dataset_sql(shard)} AS dataset, {shard} AS shard, * EXCLUDE (filename) "
+              f"REPLACE ({feat} AS feature) FROM {{src}}")
+    schema = anonymized_schema(dim) if dim else anonymized_schema(1).set(
+        7, pa.field("feature", pa.list_(pa.float32())))
+    empty = _empty_select(schema, ("dataset", "shard"))
+    current = root / "anonymized" / version / "*.parquet" if version else None  # None: no current version yet
+    n_cur = _parquet_view(con, "anonymized_features", current, select, empty)
+    n_all = _parquet_view(con, "anonymized_features_all", root / "anonymized" / "*" / "*.parquet", select, empty)
+    return {"anonymized_features": n_cur, "anonymized_features_all": n_all}
+
+
+def _create_views(con, store: FeatureStore, version: str | None, dim: int | None) -> dict:
+    root = store.root.resolve()
+    files = {}
+    s = SHARD_FROM_FILE
+    files["videos"] = _parquet_view(
+        con, "videos", root / "manifests" / "*.parquet",
+        f"SELECT {_dataset_sql(s)} AS dataset, {s} AS shard, * EXCLUDE (filename) FROM {{src}}",
+        _empty_select(VIDEOS_SCHEMA, ("dataset", "shard")))
+    s = SHARD_FROM_DIR
+    files["clips"] = _parquet_view(
+        con, "clips", root / "latents" / "*" / "clips.parquet",
+        f"SELECT {_dataset_sql(s)} AS dataset, {s} AS shard, * EXCLUDE (filename) FROM {{src}}",
+        _empty_select(CLIP_INDEX_SCHEMA, ("dataset", "shard")))
+    files["quarantine"] = _parquet_view(
+        con, "quarantine", root / "latents" / "*" / "quarantine.parquet",
+        f"SELECT {_dataset_sql(s)} AS dataset, * EXCLUDE (filename) FROM {{src}}",
+        _empty_select(QUARANTINE_SCHEMA, ("dataset",)))
+    files.update(_anonymized_views(con, store, version, dim))
+    for name, sub, schema in (("metrics", "metrics", METRICS_SCHEMA), ("runs", "runs", RUNS_SCHEMA)):
+        files[name] = _parquet_view(con, name, root / sub / "*.parquet",
+                                    "SELECT * EXCLUDE (filename) FROM {src}", _empty_select(schema))
+    files["aam_versions"] = _parquet_view(con, "aam_versions", root / "aam_versions.parquet",
+                                          "SELECT * EXCLUDE (filename) FROM {src}", _empty_select(VERSIONS_SCHEMA))
+    files["storage"] = _parquet_view(con, "storage", root / "storage.parquet",
+                                     "SELECT * EXCLUDE (filename) FROM {src}", _empty_select(STORAGE_SCHEMA))
+    return files
+
+
+def _check_not_locked(target: Path) -> None:
+    """Refuse while another process holds the catalog open for writing (DuckDB takes an exclusive
+    lock then): replacing the file under it would silently drop whatever it writes."""
+    import duckdb
+
+    if not target.is_file():
+        return
+    try:
+        duckdb.connect(str(target), read_only=True).close()
+    except (duckdb.IOException, duckdb.ConnectionException) as e:
+        raise CatalogError(f"{target} is held open for writing by another connection; close it and rebuild. "
+                           f"The old catalog is left intact. ({e})") from e
+
+
+def _remove_stale_temps(root: Path) -> None:
+    for p in root.glob(".catalog.*.duckdb*"):
+        try:
+            if time.time() - p.stat().st_mtime > STALE_TEMP_S:
+                p.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def build_catalog(store: FeatureStore) -> dict:
+    """(Re)build <root>/catalog.duckdb; idempotent. Returns {path, version, dim, files, rows, seconds}
+    (files and rows per view). A view that does not read (e.g. a corrupted Parquet file) raises
+    CatalogError naming it and leaves the old catalog in place."""
+    import duckdb
+
+    t0 = time.perf_counter()
+    root = store.root.resolve()
+    if not root.is_dir():
+        raise CatalogError(f"no store at {root}")
+    target = root / CATALOG_FILE
+    _check_not_locked(target)
+    _remove_stale_temps(root)
+    write_parquet_atomic(storage_table(store), root / "storage.parquet")
+    version = current_version(store)
+    dim = _feature_dim(store, version)
+
+    tmp = root / f".catalog.{os.getpid()}.{uuid.uuid4().hex[:8]}.duckdb"
+    try:
+        con = duckdb.connect(str(tmp))
+        try:
+            files = _create_views(con, store, version, dim)
+            rows = {view: con.sql(f"SELECT count(*) FROM {view}").fetchall()[0][0] for view in files}
+            con.sql("CHECKPOINT")
+        finally:
+            con.close()
+        _check_not_locked(target)  # again: someone may have opened it while we built
+        Path(f"{target}.wal").unlink(missing_ok=True)  # a stale WAL of the old file must not replay onto the new one
+        os.replace(tmp, target)
+    finally:
+        for p in (tmp, Path(f"{tmp}.wal")):
+            p.unlink(missing_ok=True)
+    return {"path": str(target), "version": version, "dim": dim, "files": files, "rows": rows,
+            "seconds": time.perf_counter() - t0}
+
+
+# ---------------------------------------------------------------- querying
+
+def _connect(store: FeatureStore, read_only: bool = True):
+    import duckdb
+
+    p = catalog_path(store)
+    if not p.is_file():
+        raise CatalogError(f"no catalog at {p}: build it first (build_catalog / the `catalog` asset)")
+    # ATTACH into a fresh in-memory database rather than duckdb.connect(p): connect() shares one
+    # instance per path within a process, so while any old connection lives it would keep
+    # answering from the replaced (stale) catalog file.
+    con = duckdb.connect()
+    try:
+        con.sql(f"ATTACH {_lit(p)} AS catalog{' (READ_ONLY)' if read_only else ''}")
+        con.sql("USE catalog")
+    except duckdb.Error as e:
+        con.close()
+        raise CatalogError(f"cannot open {p} (read_only={read_only}): {e}") from e
+    return con
+
+
+def query(store: FeatureStore, sql: str, read_only: bool = True, params: list | None = None) -> pa.Table:
+    """Run `sql` on the catalog; the result as an Arrow table (empty for statements without one)."""
+    import duckdb
+
+    con = _connect(store, read_only)
+    try:
+        rel = con.sql(sql, params=params) if params else con.sql(sql)
+        return rel.to_arrow_table() if rel is not None else pa.table({})
+    except duckdb.Error as e:  # e.g. a view over a file that was deleted or corrupted since the build
+        raise CatalogError(f"query failed on {catalog_path(store)}: {e}") from e
+    finally:
+        con.close()
+
+
+def neighbors(store: FeatureStore, video_id: str, k: int = 10, reduce: str = "mean",
+              dataset: str | None = None) -> pa.Table:
+    """The k clips of the current anonymized table most cosine-similar to `video_id`'s mean (or
+    first) clip, excluding that video's own clips: video_id, clip_index, split, similarity, dataset."""
+    import duckdb
+
+    assert reduce in ("mean", "first"), f"reduce must be 'mean' or 'first', got {reduce!r}"
+    assert k >= 1, f"k must be >= 1, got {k}"
+    con = _connect(store)
+    try:
+        return _neighbors(con, store, video_id, k, reduce, dataset)
+    except duckdb.Error as e:
+        raise CatalogError(f"neighbors({video_id!r}) failed on {catalog_path(store)}: {e}") from e
+    finally:
+        con.close()
+
+
+def _neighbors(con, store: FeatureStore, video_id: str, k: int, reduce: str, dataset: str | None) -> pa.Table:
+    own = con.sql("SELECT dataset, clip_index, feature FROM anonymized_features WHERE video_id = ? "
+                  "AND (? IS NULL OR dataset = ?) ORDER BY dataset, clip_index",
+                  params=[video_id, dataset, dataset]).to_arrow_table()
+    if own.num_rows == 0:
+        raise CatalogError(f"video {video_id!r}{f' of dataset {dataset!r}' if dataset else ''} is not in the "
+                           f"current anonymized table (anonymized_features, AAM version {current_version(store)})")
+    found = sorted(set(own["dataset"].to_pylist()))
+    if len(found) > 1:
+        raise CatalogError(f"video {video_id!r} is in several datasets {found}: pass dataset=")
+    feats = np.asarray(own["feature"].to_pylist(), np.float32)  # (n_clips, D)
+    q = feats.mean(0) if reduce == "mean" else feats[0]
+    d = len(q)
+    return con.sql(f"SELECT video_id, clip_index, split, array_cosine_similarity(feature, ?::FLOAT[{d}]) "
+                   f"AS similarity, dataset FROM anonymized_features WHERE NOT (video_id = ? AND dataset = ?) "
+                   f"ORDER BY similarity DESC, dataset, video_id, clip_index LIMIT {int(k)}",
+                   params=[q.tolist(), video_id, found[0]]).to_arrow_table()
+
+
+# ---------------------------------------------------------------- formatting for the CLI
+
+def _cell(v, width: int) -> str:
+    if v is None:
+        s = ""
+    elif isinstance(v, float):
+        s = f"{v:.6g}"
+    elif isinstance(v, (datetime, date)):
+        s = v.isoformat()
+    elif isinstance(v, (list, tuple)):
+        s = "[" + ", ".join(_cell(x, width) for x in v[:4]) + (", ..." if len(v) > 4 else "") + "]"
+    else:
+        s = str(v)
+    s = s.replace("\n", " ")
+    return s if len(s) <= width else s[:width - 1] + "…"
+
+
+def _jsonable(v):
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, (datetime, date)):
+        return v.isoformat()
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, bytes):
+        return v.hex()
+    return v
+
+
+def format_table(table: pa.Table, fmt: str = "table", max_width: int = 40) -> str:
+    """'table': aligned text (numbers right-aligned, long cells cut); 'csv'; 'json': a list of objects."""
+    rows = table.to_pylist()
+    names = table.column_names
+    if fmt == "json":
+        return json.dumps([_jsonable(r) for r in rows], ensure_ascii=False)
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(names)
+        for r in rows:
+            w.writerow(["" if r[c] is None else json.dumps(_jsonable(r[c])) if isinstance(r[c], (list, dict))
+                        else _jsonable(r[c]) for c in names])
+        return buf.getvalue()
+    if fmt != "table":
+        raise ValueError(f"fmt must be 'table', 'csv' or 'json', got {fmt!r}")
+    cells = [[_cell(r[c], max_width) for c in names] for r in rows]
+    numeric = [pa.types.is_integer(f.type) or pa.types.is_floating(f.type) for f in table.schema]
+    widths = [max([len(n)] + [len(row[i]) for row in cells]) for i, n in enumerate(names)]
+
+    def line(vals):
+        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(vals, widths, numeric)).rstrip()
+
+    out = [line(names), line(["-" * w for w in widths])] + [line(row) for row in cells]
+    out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
+    return "\n".join(out)

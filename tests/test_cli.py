@@ -1,0 +1,31 @@
+"""The `splavu` command line, run as a user would (in-process main())."""
+import pytest
+
+from pipeline.cli import main
+
+
+def test_synth_prints_counts(tmp_path, capsys):
+    assert main(["synth", "--scale", "tiny", "--out", str(tmp_path / "b"), "--datasets", "gait", "privacy", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "gait" in out and "privacy" in out and (tmp_path / "b" / "gait" / "manifest.csv").is_file()
+    line = next(l for l in out.splitlines() if l.startswith("privacy"))
+    assert line.split()[1] == "80"  # tiny: 48 train + 32 test
+
+
+def test_ingest_registers_shards_and_reports_bad_manifest(tiny_bench, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    root, _ = tiny_bench
+    store = str(tmp_path / "store")
+    assert main(["--store", store, "ingest", "ar", str(root / "ar" / "manifest.csv"), "--shard-size", "25"]) == 0
+    assert "ar: 3 shard(s): ar-000 ar-001 ar-002" in capsys.readouterr().out
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "manifest.csv").write_text("video_id,path,split\nx,../x.mp4,train\n")
+    assert main(["--store", store, "ingest", "bad", str(bad / "manifest.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "row 1 (video_id 'x'), column 'path'" in err and "refused" in err
+
+
+def test_unknown_dataset_is_a_clear_error(tmp_path, capsys):
+    assert main(["--store", str(tmp_path), "extract", "--dataset", "nope"]) == 2
+    assert "not registered" in capsys.readouterr().err
