@@ -106,6 +106,37 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def _catalog_store(args):
+    from splavu_core.catalog import CatalogError, catalog_path
+    from splavu_core.store import FeatureStore
+
+    store = FeatureStore(_store_root(args))
+    if not catalog_path(store).is_file():
+        raise CatalogError(f"no catalog at {catalog_path(store)}: run feature_catalog first "
+                           f"(dagster asset materialize -m pipeline.definitions --select feature_catalog)")
+    return store
+
+
+def cmd_sql(args) -> int:
+    from splavu_core.catalog import format_table, query
+
+    store = _catalog_store(args)
+    out = format_table(query(store, args.query, read_only=True), args.format)
+    print(out, end="" if out.endswith("\n") else "\n")
+    return 0
+
+
+def cmd_neighbors(args) -> int:
+    from splavu_core.catalog import format_table, neighbors
+
+    if args.k < 1:
+        raise StoreError(f"--k must be >= 1, got {args.k}")
+    store = _catalog_store(args)
+    out = format_table(neighbors(store, args.video_id, k=args.k, reduce=args.reduce, dataset=args.dataset), args.format)
+    print(out, end="" if out.endswith("\n") else "\n")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="splavu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", help="store root (default $SPLAVU_STORE or ./store)")
@@ -138,6 +169,19 @@ def main(argv=None) -> int:
     p.add_argument("--shard-size", type=int, default=256)
     p.add_argument("--regenerate", action="store_true")
     p.set_defaults(fn=cmd_demo)
+
+    p = sub.add_parser("sql", help="run a read-only SQL query on the catalog (catalog.duckdb)")
+    p.add_argument("query", help='e.g. "SELECT split, count(*) FROM clips GROUP BY split"')
+    p.add_argument("--format", default="table", choices=["table", "csv", "json"])
+    p.set_defaults(fn=cmd_sql)
+
+    p = sub.add_parser("neighbors", help="nearest clips to a video in the current anonymized table")
+    p.add_argument("video_id")
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--dataset", help="the video's dataset, when its id occurs in several")
+    p.add_argument("--reduce", default="mean", choices=["mean", "first"], help="query with the mean or the first clip")
+    p.add_argument("--format", default="table", choices=["table", "csv", "json"])
+    p.set_defaults(fn=cmd_neighbors)
 
     args = ap.parse_args(argv)
     try:

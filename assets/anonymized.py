@@ -1,0 +1,190 @@
+"""anonymized_features: f_A(cached clip latents) of one shard, published as Parquet per AAM version.
+
+Reads cached latents and a saved adapter only; the frozen encoder is never loaded. The publishing
+itself (guards against raw latents, atomic writes, skip of complete tables) is
+splavu_core.publish.anonymize_shard; this module chooses the AAM version, decides when a version
+becomes current, and applies retention.
+
+Which version: the config's `aam_version`, or by default the newest one recorded in
+aam_versions.parquet (by created_at). Sensors and the schedule always pin it in run config.
+
+When a version becomes current: as soon as every registered shard has a complete table for it,
+provided it is newer than the current version and was never made current automatically before.
+So a manual rollback (publish.set_current to an older version) stands: publishing the newer
+version for a new shard later does not silently undo it. Use set_current to switch explicitly.
+"""
+
+import fcntl
+import json
+import os
+import uuid
+from contextlib import contextmanager
+from datetime import datetime, timezone
+
+import dagster as dg
+import pyarrow.parquet as pq
+from pydantic import Field
+
+from pipeline.partitions import shards
+from pipeline.resources import StoreResource
+from splavu_core.publish import (PublishError, anonymize_shard, anonymized_path, apply_retention, current_version,
+                                 read_versions, set_current, versions_path)
+from splavu_core.registry import registered
+from splavu_core.store import FeatureStore
+
+PROMOTIONS_FILE = "aam_promotions.json"  # versions made current automatically, and when
+
+
+# ---------------------------------------------------------------- store state (shared with the sensors)
+
+def registered_shards(store: FeatureStore) -> list[str]:
+    """Every shard of every dataset registered in the store."""
+    return sorted({s for reg in registered(store).values() for s in reg["shards"]})
+
+
+def newest_version(store: FeatureStore) -> str | None:
+    rows = read_versions(store).to_pylist()
+    if not rows:
+        return None
+    return max(rows, key=lambda r: (r["created_at"], r["version"]))["version"]
+
+
+def resolve_version(store: FeatureStore, requested: str = "") -> str:
+    """The AAM version to publish: `requested`, or the newest recorded one. Raises PublishError."""
+    rows = read_versions(store).to_pylist()
+    known = [r["version"] for r in rows]
+    if not requested:
+        if not rows:
+            raise PublishError(f"no AAM version is recorded in {versions_path(store)}: materialise aam_model first "
+                               f"(anonymized tables are only ever published through a trained adapter)")
+        return newest_version(store)
+    if requested not in known:
+        meta_path = adapter_dir(store, requested) / "adapter.json"
+        if meta_path.is_file():  # an adapter copied in by hand: name the real problem if it is another encoder's
+            have, want = json.loads(meta_path.read_text()).get("encoder_fingerprint"), store.encoder_fingerprint()
+            if have != want:
+                raise PublishError(f"adapter {meta_path.parent} (version {requested}) was trained on latents of "
+                                   f"encoder {have!r}, but the store {store.root} holds latents of encoder {want!r}; "
+                                   f"refusing to mix them")
+        raise PublishError(f"AAM version {requested!r} is not recorded in {versions_path(store)} "
+                           f"(known: {known or 'none'}); materialise aam_model first")
+    return requested
+
+
+def adapter_dir(store: FeatureStore, version: str):
+    return store.root / "aam" / version
+
+
+def table_complete(store: FeatureStore, version: str, shard: str) -> bool:
+    """True when anonymized/<version>/<shard>.parquet reads and holds one row per committed clip."""
+    commit = store.committed(shard)
+    path = anonymized_path(store, version, shard)
+    if commit is None or not path.is_file():
+        return False
+    try:
+        return pq.ParquetFile(path).metadata.num_rows == commit["clips"]
+    except Exception:  # unreadable footer: treat as absent, the asset rewrites it
+        return False
+
+
+def shards_lacking(store: FeatureStore, version: str, candidates: list[str] | None = None) -> list[str]:
+    """Shards among `candidates` (default: all registered) with committed latents but no complete table."""
+    pool = registered_shards(store) if candidates is None else candidates
+    return [s for s in pool if store.committed(s) is not None and not table_complete(store, version, s)]
+
+
+def promoted_versions(store: FeatureStore) -> dict[str, str]:
+    p = store.root / PROMOTIONS_FILE
+    return json.loads(p.read_text()) if p.is_file() else {}
+
+
+def target_versions(store: FeatureStore) -> list[str]:
+    """Versions every shard should have a table for: the current one, plus the newest while it is being
+    rolled out (newer than the current one and not made current before)."""
+    cur, new = current_version(store), newest_version(store)
+    out = [v for v in (cur,) if v]
+    if new and new != cur and new not in promoted_versions(store) and _created(store, new) >= _created(store, cur):
+        out.append(new)
+    return out
+
+
+def _created(store: FeatureStore, version: str | None):
+    if version is None:
+        return datetime.min.replace(tzinfo=timezone.utc)
+    rows = [r for r in read_versions(store).to_pylist() if r["version"] == version]
+    return rows[0]["created_at"] if rows else datetime.min.replace(tzinfo=timezone.utc)
+
+
+@contextmanager
+def _lock(store: FeatureStore, name: str):
+    with open(store.root / f".{name}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def maybe_promote(store: FeatureStore, version: str) -> tuple[bool, str]:
+    """Make `version` current if every registered shard now has a complete table for it (see module doc).
+    Returns (is_current_now, why)."""
+    todo = registered_shards(store)
+    d = anonymized_path(store, version, "_").parent
+    present = {p.stem for p in d.glob("*.parquet")} if d.is_dir() else set()
+    missing = [s for s in todo if s not in present]  # cheap first: no footer read while files are missing
+    missing = missing or [s for s in todo if not table_complete(store, version, s)]
+    if missing:
+        return current_version(store) == version, f"{len(todo) - len(missing)}/{len(todo)} registered shards published"
+    with _lock(store, "aam_promotions"):
+        cur = current_version(store)
+        if cur == version:
+            return True, "already current"
+        done = promoted_versions(store)
+        if version in done:
+            return False, (f"complete, but it was made current once before ({done[version]}) and {cur} was chosen "
+                           f"since: use publish.set_current to switch back")
+        if _created(store, version) < _created(store, cur):
+            return False, f"complete, but older than the current version {cur}: use publish.set_current to roll back"
+        set_current(store, version)
+        done[version] = datetime.now(timezone.utc).isoformat()
+        p = store.root / PROMOTIONS_FILE
+        tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex[:8]}.part")
+        tmp.write_text(json.dumps(done, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, p)
+        return True, f"all {len(todo)} registered shards published: now current (was {cur})"
+
+
+# ---------------------------------------------------------------- the asset
+
+class AnonymizeConfig(dg.Config):
+    aam_version: str = Field(default="", description="AAM version to publish (default: the newest recorded one)")
+    retention: int = Field(default=0, description="after publishing, keep the tables of the newest N AAM versions "
+                                                  "(plus the current one); 0 keeps all")
+
+
+@dg.asset(partitions_def=shards, deps=["aam_model", "clip_latents"], group_name="publish", kinds={"parquet"},
+          description="One shard's clips through the AAM: Parquet per shard and AAM version, from cached latents only "
+                      "(the encoder is never loaded). Skips shards already published with that version.")
+def anonymized_features(context: dg.AssetExecutionContext, config: AnonymizeConfig,
+                        store: StoreResource) -> dg.MaterializeResult:
+    if config.retention < 0:
+        raise PublishError(f"retention must be >= 0 (0 keeps every version), got {config.retention}")
+    fs = store.store()
+    shard = context.partition_key
+    version = resolve_version(fs, config.aam_version)
+    res = anonymize_shard(fs, shard, adapter_dir(fs, version))
+    current, why = maybe_promote(fs, version)
+    done = "already published, skipped" if res["skipped"] else f"published {res['rows']} rows"
+    context.log.info(f"{shard}: AAM {version}: {done}; current: {current} ({why})")
+    md = {"rows": res["rows"], "dim": res["dim"], "aam_version": version, "skipped": res["skipped"],
+          "path": dg.MetadataValue.path(res["path"]), "seconds": round(res["seconds"], 3),
+          "clips_per_s": round(res["rows"] / res["seconds"], 1) if not res["skipped"] and res["seconds"] > 0 else 0.0,
+          "is_current": current, "current_version": current_version(fs) or "", "promotion": why}
+    if "max_abs_change" in res:
+        md["max_abs_change"] = float(res["max_abs_change"])
+    if config.retention:
+        kept = apply_retention(fs, config.retention)
+        md["retention"] = dg.MetadataValue.json(kept)
+        if kept["deleted"]:
+            context.log.info(f"retention (newest {config.retention}): deleted tables of {kept['deleted']}")
+    return dg.MaterializeResult(metadata=md)

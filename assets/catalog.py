@@ -1,0 +1,61 @@
+"""feature_catalog: <store>/catalog.duckdb, the analysts' views over every Parquet table of the store.
+
+A thin layer over splavu_core.catalog.build_catalog (idempotent; atomic replace, so analysts keep
+reading the old file during a rebuild). Before building, the Dagster run history is copied into
+<store>/runs/<run_id>.parquet (one small file per run) so the catalog's `runs` view shows it:
+runs that finished are written once with their final status; runs still going (this one
+included) are written with their status at build time and rewritten by the next build.
+"""
+
+from datetime import datetime, timezone
+
+import dagster as dg
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.resources import StoreResource
+from splavu_core.catalog import RUNS_SCHEMA, build_catalog
+from splavu_core.store import FeatureStore, write_parquet_atomic
+
+TERMINAL = {"SUCCESS", "FAILURE", "CANCELED"}
+MAX_RUNS = 1000  # newest runs copied per build (older ones were copied by earlier builds)
+
+
+def _ts(epoch: float | None):
+    return datetime.fromtimestamp(epoch, timezone.utc) if epoch else None
+
+
+def record_runs(store: FeatureStore, instance: dg.DagsterInstance, limit: int = MAX_RUNS) -> int:
+    """Write <root>/runs/<run_id>.parquet for the instance's newest `limit` runs; returns files written."""
+    out = store.root / "runs"
+    written = 0
+    for rec in instance.get_run_records(limit=limit):
+        run = rec.dagster_run
+        path = out / f"{run.run_id}.parquet"
+        if path.is_file():
+            try:
+                if pq.read_table(path, columns=["status"])["status"][0].as_py() in TERMINAL:
+                    continue  # final already
+            except Exception:
+                pass  # unreadable: rewrite it
+        row = {"run_id": run.run_id, "job": run.job_name, "status": run.status.value,
+               "started_at": _ts(rec.start_time), "finished_at": _ts(rec.end_time)}
+        write_parquet_atomic(pa.Table.from_pylist([row], schema=RUNS_SCHEMA), path)
+        written += 1
+    return written
+
+
+@dg.asset(deps=["anonymized_features"], group_name="publish", kinds={"duckdb"},
+          description="catalog.duckdb: views videos, clips, quarantine, anonymized_features (current AAM, FLOAT[D]), "
+                      "anonymized_features_all, aam_versions, metrics, runs, storage. Open it read-only with duckdb.")
+def feature_catalog(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
+    fs = store.store()
+    n_runs = record_runs(fs, context.instance)
+    res = build_catalog(fs)
+    context.log.info(f"catalog {res['path']}: AAM version {res['version']}, {sum(res['rows'].values())} rows in "
+                     f"{len(res['rows'])} views ({res['seconds']:.2f} s)")
+    return dg.MaterializeResult(metadata={
+        "path": dg.MetadataValue.path(res["path"]), "views": dg.MetadataValue.json(sorted(res["rows"])),
+        "rows": dg.MetadataValue.json(res["rows"]), "files": dg.MetadataValue.json(res["files"]),
+        "aam_version": res["version"] or "", "dim": res["dim"] or 0, "runs_recorded": n_runs,
+        "seconds": round(res["seconds"], 3)})

@@ -1,0 +1,276 @@
+"""Evaluation assets (raw latents vs the current anonymized table), the report, and the two gates.
+
+    action_recognition_eval, temporal_detection_eval, anomaly_detection_eval, privacy_attack_eval,
+    bias_eval, gait_eval      metric rows for feature sets 'raw' and 'splavu' -> <root>/metrics/*.parquet
+    privacy_utility_report    <root>/reports/privacy_utility.{json,md,png}, attached to the materialisation
+    privacy_budget            BLOCKING check on anonymized_features: share of above-chance leakage removed
+    utility_retention         WARN check on privacy_utility_report: each utility metric >= fraction of raw
+
+Upstream assets are referred to by key only (anonymized_features, clip_latents), so this module
+imports none of their code. Every head is trained fresh on the features it scores.
+"""
+
+import base64
+import os
+
+import dagster as dg
+from pydantic import Field
+
+from pipeline.resources import StoreResource
+from splavu_core.evaluation.report import read_report, report_markdown, write_privacy_utility_report
+from splavu_core.evaluation.suite import (DEFAULT_DATASETS, RAW, UTILITY_KEYS, build_report, budget_verdict,
+                                          derived_rows, evaluate_feature_set, load_feature_sets, metric_value,
+                                          newest_version, privacy_budget_measure, read_metric_rows, write_metric_rows)
+from splavu_core.evaluation.suite import utility_retention as retention_per_metric
+
+ANONYMIZED = dg.AssetKey("anonymized_features")
+CLIP_LATENTS = dg.AssetKey("clip_latents")
+SPLAVU = "splavu"
+GROUP = "evaluation"
+
+PRIVACY_BUDGET_ENV = "SPLAVU_PRIVACY_BUDGET"
+UTILITY_RETENTION_ENV = "SPLAVU_UTILITY_RETENTION"
+DEFAULT_PRIVACY_BUDGET = 0.5
+DEFAULT_UTILITY_RETENTION = 0.97
+
+
+class EvalConfig(dg.Config):
+    """Which features and datasets to score, and probe lengths (defaults: DESIGN.md section 4)."""
+
+    aam_version: str = Field(default="", description="AAM version of the 'splavu' set (default: the current one)")
+    ar_dataset: str = DEFAULT_DATASETS["ar"]
+    tad_dataset: str = DEFAULT_DATASETS["tad"]
+    ad_dataset: str = DEFAULT_DATASETS["ad"]
+    privacy_dataset: str = DEFAULT_DATASETS["privacy"]
+    bias_f_dataset: str = DEFAULT_DATASETS["bias_f"]
+    bias_m_dataset: str = DEFAULT_DATASETS["bias_m"]
+    gait_dataset: str = DEFAULT_DATASETS["gait"]
+    ar_epochs: int = 60
+    tad_epochs: int = 20
+    ad_epochs: int = 50
+    privacy_epochs: int = 100
+    seed: int = 0
+
+    def datasets(self) -> dict[str, str]:
+        return {t: getattr(self, f"{t}_dataset") for t in DEFAULT_DATASETS}
+
+    def probe_kwargs(self) -> dict[str, dict]:
+        return {"ar": {"epochs": self.ar_epochs, "seed": self.seed}, "bias": {"epochs": self.ar_epochs, "seed": self.seed},
+                "tad": {"epochs": self.tad_epochs, "seed": self.seed}, "ad": {"epochs": self.ad_epochs, "seed": self.seed},
+                "privacy": {"epochs": self.privacy_epochs, "seed": self.seed}}
+
+
+def _version(fs, requested: str) -> str:
+    from splavu_core.publish import current_version
+
+    version = requested or current_version(fs)
+    if not version:
+        raise dg.Failure(f"no current AAM version in {fs.root}: publish anonymized_features first "
+                         f"(or set aam_version in the config)")
+    return version
+
+
+def evaluate_tasks(context, store: StoreResource, config: EvalConfig, tasks: tuple[str, ...]) -> dg.MaterializeResult:
+    """Score `tasks` on raw and on the anonymized features of the (current) version; write the metric rows."""
+    fs = store.store()
+    version = _version(fs, config.aam_version)
+    datasets, kw = config.datasets(), config.probe_kwargs()
+    raw = load_feature_sets(fs, tasks, "raw", datasets=datasets)
+    anon = load_feature_sets(fs, tasks, "anonymized", version=version, datasets=datasets)
+    log = context.log.info
+    raw_rows = evaluate_feature_set(raw, RAW, None, which=tasks, datasets=datasets, probe_kwargs=kw, log=log)
+    attrs = raw_rows.details.get("privacy", {}).get("attributes")
+    anon_rows = evaluate_feature_set(anon, SPLAVU, version, which=tasks, datasets=datasets, probe_kwargs=kw,
+                                     attributes=attrs, log=log)
+    extra = derived_rows(raw_rows, anon_rows)
+    rows = list(raw_rows) + list(anon_rows) + extra
+    paths = write_metric_rows(fs, rows) if rows else []
+    md = {"aam_version": version, "rows": len(rows), "paths": dg.MetadataValue.json([str(p) for p in paths]),
+          "skipped": dg.MetadataValue.json({**raw_rows.skipped, **{f"{SPLAVU}:{k}": v for k, v in anon_rows.skipped.items()}})}
+    for r in rows:  # flat floats: Dagster plots them across materialisations
+        md[f"{r['feature_set']}/{r['task']}/{r['metric']}"] = float(r["value"])
+    table = ["| task | metric | raw | splavu |", "|---|---|---:|---:|"]
+    for r in raw_rows:
+        a = metric_value(anon_rows, r["task"], r["metric"])
+        table.append(f"| {r['task']} | {r['metric']} | {r['value']:.4f} | {'—' if a is None else f'{a:.4f}'} |")
+    for r in extra:
+        table.append(f"| {r['task']} | {r['metric']} | | {r['value']:.4f} |")
+    md["table"] = dg.MetadataValue.md("\n".join(table))
+    return dg.MaterializeResult(metadata=md)
+
+
+_EVAL = dict(deps=[ANONYMIZED, CLIP_LATENTS], group_name=GROUP, kinds={"pytorch", "parquet"})
+
+
+@dg.asset(**_EVAL, description="AR: linear head on frozen features, top-1 (softmax over 5 clips); raw vs splavu.")
+def action_recognition_eval(context: dg.AssetExecutionContext, config: EvalConfig, store: StoreResource):
+    return evaluate_tasks(context, store, config, ("ar",))
+
+
+@dg.asset(**_EVAL, description="TAD: detection head on per-video clip sequences, mAP over tIoU 0.3:0.1:0.7.")
+def temporal_detection_eval(context: dg.AssetExecutionContext, config: EvalConfig, store: StoreResource):
+    return evaluate_tasks(context, store, config, ("tad",))
+
+
+@dg.asset(**_EVAL, description="AD: weakly supervised MIL head, frame-level ROC AUC.")
+def anomaly_detection_eval(context: dg.AssetExecutionContext, config: EvalConfig, store: StoreResource):
+    return evaluate_tasks(context, store, config, ("ad",))
+
+
+@dg.asset(**_EVAL, description="Fresh MLP attackers (as given + standardised, the stronger reported): cMAP, F1, "
+                               "chance, share of above-chance leakage removed.")
+def privacy_attack_eval(context: dg.AssetExecutionContext, config: EvalConfig, store: StoreResource):
+    return evaluate_tasks(context, store, config, ("privacy",))
+
+
+@dg.asset(**_EVAL, description="Bias (NTU-Bias-F/M style): per-group accuracy on a balanced test and the gap.")
+def bias_eval(context: dg.AssetExecutionContext, config: EvalConfig, store: StoreResource):
+    return evaluate_tasks(context, store, config, ("bias_f", "bias_m"))
+
+
+@dg.asset(**_EVAL, description="Gait: top-1 retrieval of the same subject across walks (no training).")
+def gait_eval(context: dg.AssetExecutionContext, config: EvalConfig, store: StoreResource):
+    return evaluate_tasks(context, store, config, ("gait",))
+
+
+EVAL_ASSETS = [action_recognition_eval, temporal_detection_eval, anomaly_detection_eval, privacy_attack_eval,
+               bias_eval, gait_eval]
+
+
+class ReportConfig(dg.Config):
+    aam_version: str = Field(default="", description="AAM version reported (default: the current one)")
+
+
+def png_markdown(png: bytes, alt: str = "trade-off") -> str:
+    return f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})"
+
+
+@dg.asset(deps=EVAL_ASSETS, group_name=GROUP, kinds={"json", "markdown"},
+          description="The paper's Table 1 on this store: raw vs splavu, relative change, leakage removed, "
+                      "and the privacy-utility trade-off plot.")
+def privacy_utility_report(context: dg.AssetExecutionContext, config: ReportConfig, store: StoreResource):
+    fs = store.store()
+    version = _version(fs, config.aam_version)
+    raw_rows, anon_rows = read_metric_rows(fs, RAW, None), read_metric_rows(fs, SPLAVU, version)
+    if not raw_rows or not anon_rows:
+        raise dg.Failure(f"no metric rows for {'raw' if not raw_rows else 'splavu ' + version} in {fs.root / 'metrics'}: "
+                         f"materialise the *_eval assets first")
+    report = build_report(fs.encoder_fingerprint(), version, raw_rows, {SPLAVU: anon_rows})
+    paths = write_privacy_utility_report(fs, report)
+    png = paths["png"].read_bytes()
+    splavu = report["rows"][1]
+    md = {"aam_version": version, "path": str(paths["json"]), "markdown_path": str(paths["md"]),
+          "png_path": str(paths["png"]), "report": dg.MetadataValue.json(report),
+          "table": dg.MetadataValue.md(report_markdown(report)), "tradeoff": dg.MetadataValue.md(png_markdown(png))}
+    for k in ("privacy_cmap", "leakage_removed", *UTILITY_KEYS):
+        if splavu.get(k) is not None:
+            md[f"splavu/{k}"] = float(splavu[k])
+    return dg.MaterializeResult(metadata=md)
+
+
+# ---------------------------------------------------------------- gates
+
+class PrivacyBudgetConfig(dg.Config):
+    threshold: float | None = Field(default=None, description=f"share of above-chance leakage that must be removed "
+                                    f"(default ${PRIVACY_BUDGET_ENV} or {DEFAULT_PRIVACY_BUDGET})")
+    aam_version: str = Field(default="", description="version to gate (default: the newest recorded, else current)")
+    dataset: str = DEFAULT_DATASETS["privacy"]
+    epochs: int = 100
+
+    def resolved_threshold(self) -> float:
+        if self.threshold is not None:
+            return float(self.threshold)
+        return float(os.environ.get(PRIVACY_BUDGET_ENV, DEFAULT_PRIVACY_BUDGET))
+
+
+def published_version(context) -> str | None:
+    """The AAM version anonymized_features just materialised, from its metadata ('aam_version' or 'version')."""
+    try:
+        event = context.instance.get_latest_materialization_event(ANONYMIZED)
+        md = event.asset_materialization.metadata if event and event.asset_materialization else {}
+    except Exception:  # no instance history: fall back to the store's newest version
+        return None
+    for key in ("aam_version", "version"):
+        if key in md and isinstance(md[key].value, str) and md[key].value:
+            return md[key].value
+    return None
+
+
+@dg.asset_check(asset=ANONYMIZED, blocking=True,
+                description="Blocks publication unless the anonymized features of the version being published remove "
+                            "at least the budgeted share of above-chance privacy leakage, (raw − anon) / (raw − chance), "
+                            "against the stronger of the raw and standardised attackers.")
+def privacy_budget(context: dg.AssetCheckExecutionContext, config: PrivacyBudgetConfig,
+                   store: StoreResource) -> dg.AssetCheckResult:
+    fs = store.store()
+    threshold = config.resolved_threshold()
+    version = config.aam_version or published_version(context) or newest_version(fs)
+    if not version:
+        return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.ERROR,
+                                   description=f"no AAM version recorded in {fs.root}", metadata={"threshold": threshold})
+    try:
+        m = privacy_budget_measure(fs, version, dataset=config.dataset, probe_kwargs={"epochs": config.epochs})
+    except Exception as e:  # cannot measure -> cannot vouch for the table: fail closed
+        return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.ERROR,
+                                   description=f"leakage of version {version} could not be measured: {e}",
+                                   metadata={"aam_version": version, "threshold": threshold, "error": str(e)})
+    passed, why = budget_verdict(m, threshold)
+    context.log.info(f"privacy_budget {version}: {why}")
+    md = {"aam_version": version, "threshold": threshold, "raw_cmap": m["raw_cmap"],
+          "anonymized_cmap": m["anonymized_cmap"], "chance_cmap": m["chance_cmap"],
+          "leakage_removed": m["leakage_removed"] if m["leakage_removed"] is not None else float("nan"),
+          "features": m["source"], "cached": m["cached"], "attributes": dg.MetadataValue.json(m["attributes"])}
+    return dg.AssetCheckResult(passed=passed, severity=dg.AssetCheckSeverity.ERROR, description=why, metadata=md)
+
+
+class UtilityRetentionConfig(dg.Config):
+    fraction: float | None = Field(default=None, description=f"each utility metric of splavu must be >= fraction x raw "
+                                   f"(default ${UTILITY_RETENTION_ENV} or {DEFAULT_UTILITY_RETENTION})")
+
+    def resolved_fraction(self) -> float:
+        if self.fraction is not None:
+            return float(self.fraction)
+        return float(os.environ.get(UTILITY_RETENTION_ENV, DEFAULT_UTILITY_RETENTION))
+
+
+def retention_verdict(report: dict, fraction: float, name: str = SPLAVU) -> tuple[bool, dict, list[str]]:
+    """(passed, retention per utility metric, failures) of the row `name` against the raw row."""
+    rows = {r["name"]: r for r in report["rows"]}
+    if RAW not in rows or name not in rows:
+        return False, {}, [f"report has no {RAW!r} and {name!r} rows"]
+    ret = retention_per_metric(rows[RAW], rows[name])
+    fails = [f"{k}: {v:.3f} of raw < {fraction:g}" for k, v in ret.items() if v is not None and v < fraction]
+    return not fails, ret, fails
+
+
+@dg.asset_check(asset=privacy_utility_report, blocking=False,
+                description="Warns when AR top-1, TAD mAP or AD AUC of the anonymized features falls below the "
+                            "configured fraction of raw.")
+def utility_retention(context: dg.AssetCheckExecutionContext, config: UtilityRetentionConfig,
+                      store: StoreResource) -> dg.AssetCheckResult:
+    fraction = config.resolved_fraction()
+    report = read_report(store.store())
+    passed, ret, fails = retention_verdict(report, fraction)
+    md = {"fraction": fraction, "aam_version": report["aam_version"],
+          **{f"{k}_retention": (v if v is not None else float("nan")) for k, v in ret.items()}}
+    return dg.AssetCheckResult(passed=passed, severity=dg.AssetCheckSeverity.WARN, metadata=md,
+                               description="all utility metrics retained" if passed else "; ".join(fails))
+
+
+ASSETS = [*EVAL_ASSETS, privacy_utility_report]
+CHECKS = [privacy_budget, utility_retention]
+
+
+def run_evaluation(store, config: dict | None = None, instance: dg.DagsterInstance | None = None,
+                   raise_on_error: bool = True) -> dg.ExecuteInProcessResult:
+    """Materialise every *_eval asset, privacy_utility_report and its utility_retention check in-process
+    (for the CLI / `make demo`). store: FeatureStore, StoreResource or root path; config: EvalConfig fields
+    applied to every eval asset (e.g. {"aam_version": ...}). The report is then at
+    <root>/reports/privacy_utility.{json,md,png} (splavu_core.evaluation.report.read_report)."""
+    root = str(getattr(store, "root", store))
+    ops = {a.node_def.name: {"config": dict(config or {})} for a in EVAL_ASSETS}
+    if config and config.get("aam_version"):
+        ops[privacy_utility_report.node_def.name] = {"config": {"aam_version": config["aam_version"]}}
+    return dg.materialize([*EVAL_ASSETS, privacy_utility_report, utility_retention], instance=instance,
+                          resources={"store": StoreResource(root=root)}, run_config={"ops": ops},
+                          tags={"splavu/entry": "cli"}, raise_on_error=raise_on_error)

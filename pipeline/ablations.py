@@ -1,0 +1,226 @@
+"""Ablations (paper Tab. 4, 5, 9): one AAM per variant, trained from the same cached latents, scored with
+the privacy-utility report schema.
+
+    ablation_variant   static partitions, one per variant: trains its AAM (splavu_core.aam.train), anonymizes
+                       the raw latents of every evaluation dataset IN MEMORY (nothing is published), runs the
+                       evaluation suite and writes <root>/reports/ablations/variants/<variant>.json
+    ablation_report    collects every variant row into <root>/reports/ablations.json (+ .md, .png)
+    job `ablations`    both; `run_ablations()` runs them in-process (the `splavu ablations` command)
+
+Variants: losses (loss_all, loss_no_lt = no utility task, loss_no_lb = w_b 0, loss_no_llc = w_lc 0),
+tasks seen in training (tasks_ar, tasks_tad, tasks_ad, tasks_all) and the w_lc sweep (wlc_0 .. wlc_1000),
+each a delta on the base AAM config (assets.aam.AAMTrainingConfig's defaults unless configured).
+Variants whose training config is identical (loss_all = tasks_all = wlc_<base w_lc>, loss_no_llc = wlc_0)
+train once: the result is cached per config in <root>/reports/ablations/by_config/.
+"""
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import dagster as dg
+
+from assets.aam import AAMTrainingConfig
+from pipeline.resources import StoreResource
+from splavu_core.evaluation.report import ablation_markdown, write_ablation_report
+from splavu_core.evaluation.suite import (DEFAULT_DATASETS, RAW, TASKS, _key, _safe, _shard_state,
+                                          _write_json_atomic, add_derived, anonymize_videos, build_report,
+                                          evaluate_feature_set, load_feature_sets, report_row)
+from splavu_core.store import FeatureStore
+
+VARIANTS: dict[str, dict] = {
+    "loss_all": {}, "loss_no_lt": {"tasks": ()}, "loss_no_lb": {"w_b": 0.0}, "loss_no_llc": {"w_lc": 0.0},
+    "tasks_ar": {"tasks": ("ar",)}, "tasks_tad": {"tasks": ("tad",)}, "tasks_ad": {"tasks": ("ad",)},
+    "tasks_all": {"tasks": ("ar", "tad", "ad")},
+    **{f"wlc_{w}": {"w_lc": float(w)} for w in (0, 1, 10, 100, 1000)},
+}
+GROUPS: dict[str, list[str]] = {
+    "Losses (paper Tab. 5)": ["loss_all", "loss_no_lt", "loss_no_lb", "loss_no_llc"],
+    "Tasks seen in training (paper Tab. 4)": ["tasks_ar", "tasks_tad", "tasks_ad", "tasks_all"],
+    "ω_LC sweep (paper Tab. 9)": [f"wlc_{w}" for w in (0, 1, 10, 100, 1000)],
+}
+ablation_variants = dg.StaticPartitionsDefinition(list(VARIANTS))
+
+
+class AblationConfig(AAMTrainingConfig):
+    """The base AAM config (every variant is a delta on it) + head pretraining + probe settings."""
+
+    pretrain_head_epochs: int = 30
+    privacy_dataset: str = DEFAULT_DATASETS["privacy"]
+    bias_f_dataset: str = DEFAULT_DATASETS["bias_f"]
+    bias_m_dataset: str = DEFAULT_DATASETS["bias_m"]
+    gait_dataset: str = DEFAULT_DATASETS["gait"]
+    ar_epochs: int = 60
+    tad_epochs: int = 20
+    ad_epochs: int = 50
+    privacy_epochs: int = 100
+
+    def datasets(self) -> dict[str, str]:
+        return {t: getattr(self, f"{t}_dataset") for t in DEFAULT_DATASETS}
+
+    def probe_kwargs(self) -> dict[str, dict]:
+        return {"ar": {"epochs": self.ar_epochs}, "bias": {"epochs": self.ar_epochs}, "tad": {"epochs": self.tad_epochs},
+                "ad": {"epochs": self.ad_epochs}, "privacy": {"epochs": self.privacy_epochs}}
+
+    def variant_train_config(self, variant: str):
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown ablation variant {variant!r}; choose from {list(VARIANTS)}")
+        base = dataclasses.replace(self.train_config(), pretrain_head_epochs=self.pretrain_head_epochs)
+        return dataclasses.replace(base, **VARIANTS[variant])
+
+
+# ---------------------------------------------------------------- library side (no dagster context needed)
+
+def ablations_dir(fs: FeatureStore) -> Path:
+    return fs.root / "reports" / "ablations"
+
+
+def _jsonable_rows(rows) -> list[dict]:
+    return [{**r, "created_at": r["created_at"].isoformat()} for r in rows]
+
+
+def _eval_shards(fs: FeatureStore, datasets: dict[str, str]) -> list:
+    from splavu_core.registry import dataset_of
+
+    wanted = set(datasets.values())
+    return _shard_state(fs, [s for s in fs.committed_shards() if dataset_of(s) in wanted])
+
+
+def raw_baseline(fs: FeatureStore, config: AblationConfig, raw=None, log=None) -> tuple[list[dict], str]:
+    """The raw latents' metric rows under these probe settings, cached; returns (rows, key)."""
+    datasets, kw = config.datasets(), config.probe_kwargs()
+    key = _key({"probe": kw, "datasets": datasets, "shards": _eval_shards(fs, datasets),
+                "fingerprint": fs.encoder_fingerprint()})
+    path = ablations_dir(fs) / "raw" / f"{key}.json"
+    if path.is_file():
+        return json.loads(path.read_text())["metric_rows"], key
+    raw = raw if raw is not None else load_feature_sets(fs, TASKS, "raw", datasets=datasets)
+    rows = evaluate_feature_set(raw, RAW, None, which=TASKS, datasets=datasets, probe_kwargs=kw, log=log)
+    _write_json_atomic({"key": key, "metric_rows": _jsonable_rows(rows), "skipped": rows.skipped}, path)
+    return _jsonable_rows(rows), key
+
+
+def run_variant(fs: FeatureStore, variant: str, config: AblationConfig, log=None) -> dict:
+    """Train the variant's AAM, anonymize the evaluation sets in memory, evaluate; write and return its record."""
+    from splavu_core.aam.io import adapter_version
+    from splavu_core.aam.train import load_training_data, train_aam
+
+    cfg = config.variant_train_config(variant)
+    datasets = config.datasets()
+    raw = load_feature_sets(fs, TASKS, "raw", datasets=datasets)
+    raw_rows, raw_key = raw_baseline(fs, config, raw=raw, log=log)
+    train_cfg = dataclasses.asdict(cfg)
+    key = _key({"train": train_cfg, "train_datasets": [config.ar_dataset, config.tad_dataset, config.ad_dataset],
+                "raw_key": raw_key})
+    by_config = ablations_dir(fs) / "by_config" / f"{key}.json"
+    if by_config.is_file():
+        rec = {**json.loads(by_config.read_text()), "name": variant, "reused": True}
+    else:
+        t0 = time.perf_counter()
+        data = load_training_data(fs, config.ar_dataset, config.tad_dataset, config.ad_dataset)
+        adapter, acfg, summary = train_aam(data, cfg, log=log)
+        version = adapter_version(adapter, acfg, fs.encoder_fingerprint())
+        anon = {ds: anonymize_videos(adapter, videos) for ds, videos in raw.items()}
+        rows = evaluate_feature_set(anon, variant, version, which=TASKS, datasets=datasets,
+                                    probe_kwargs=config.probe_kwargs(), log=log)
+        rec = {"name": variant, "key": key, "raw_key": raw_key, "aam_version": version, "train_config": train_cfg,
+               "adapter_config": acfg.to_dict(), "selected_epoch": summary["selected_epoch"],
+               "final_losses": summary["final"], "train_seconds": summary["seconds"],
+               "seconds": round(time.perf_counter() - t0, 2), "metric_rows": _jsonable_rows(rows),
+               "skipped": rows.skipped, "reused": False}
+        _write_json_atomic(rec, by_config)
+    rec["row"] = add_derived(report_row(RAW, raw_rows), report_row(variant, rec["metric_rows"]))
+    _write_json_atomic(rec, ablations_dir(fs) / "variants" / f"{_safe(variant)}.json")
+    return rec
+
+
+def collect_report(fs: FeatureStore, config: AblationConfig, log=None) -> tuple[dict, dict]:
+    """The ablation report from every variant record matching the current raw baseline; (report, status)."""
+    raw_rows, raw_key = raw_baseline(fs, config, log=log)
+    variants, stale, missing = {}, [], []
+    for name in VARIANTS:
+        p = ablations_dir(fs) / "variants" / f"{_safe(name)}.json"
+        if not p.is_file():
+            missing.append(name)
+            continue
+        rec = json.loads(p.read_text())
+        if rec.get("raw_key") != raw_key:  # other latents or probe settings: not comparable
+            stale.append(name)
+            continue
+        variants[name] = rec["metric_rows"]
+    report = build_report(fs.encoder_fingerprint(), "", raw_rows, variants)
+    return report, {"missing": missing, "stale": stale, "raw_key": raw_key}
+
+
+# ---------------------------------------------------------------- dagster
+
+@dg.asset(partitions_def=ablation_variants, group_name="ablations",
+          deps=[dg.AssetDep(k, partition_mapping=dg.AllPartitionMapping()) for k in ("clip_latents", "static_latents")],
+          kinds={"pytorch", "json"},
+          description="One ablation variant: its own AAM from the cached latents, evaluated in memory (not published).")
+def ablation_variant(context: dg.AssetExecutionContext, config: AblationConfig, store: StoreResource):
+    fs = store.store()
+    rec = run_variant(fs, context.partition_key, config, log=context.log.info)
+    md = {"variant": rec["name"], "aam_version": rec["aam_version"], "reused": rec["reused"],
+          "train_config": dg.MetadataValue.json(rec["train_config"]), "row": dg.MetadataValue.json(rec["row"]),
+          "skipped": dg.MetadataValue.json(rec["skipped"])}
+    for k, v in rec["row"].items():
+        if isinstance(v, float):
+            md[k] = v
+    return dg.MaterializeResult(metadata=md)
+
+
+@dg.asset(deps=[ablation_variant], group_name="ablations", kinds={"json", "markdown"},
+          description="Every ablation variant's row in <store>/reports/ablations.json (+ .md, .png).")
+def ablation_report(context: dg.AssetExecutionContext, config: AblationConfig, store: StoreResource):
+    import base64
+
+    fs = store.store()
+    report, status = collect_report(fs, config, log=context.log.info)
+    paths = write_ablation_report(fs, report, GROUPS)
+    png = paths["png"].read_bytes()
+    if status["stale"]:
+        context.log.warning(f"left out variants scored on other latents or probe settings: {status['stale']}")
+    return dg.MaterializeResult(metadata={
+        "path": str(paths["json"]), "variants": len(report["rows"]) - 1,
+        "missing": dg.MetadataValue.json(status["missing"]), "stale": dg.MetadataValue.json(status["stale"]),
+        "table": dg.MetadataValue.md(ablation_markdown(report, GROUPS)), "report": dg.MetadataValue.json(report),
+        "tradeoff": dg.MetadataValue.md(f"![ablations](data:image/png;base64,{base64.b64encode(png).decode()})")})
+
+
+ablations_job = dg.define_asset_job(
+    "ablations", selection=dg.AssetSelection.assets(ablation_variant, ablation_report), partitions_def=ablation_variants,
+    description="Train and score one ablation variant per partition, then rebuild the ablation report.")
+
+ASSETS = [ablation_variant, ablation_report]
+
+
+def run_ablations(store, variants=None, epochs: int | None = None, config: dict | None = None,
+                  instance: dg.DagsterInstance | None = None, log=print) -> dict:
+    """Run the given variants (default: all) in-process, then the report; returns the report dict.
+
+    store: a FeatureStore, StoreResource or root path. epochs: AAM training epochs (default: the base
+    config's). config: further AblationConfig fields (e.g. smaller probes or adapter)."""
+    if instance is None:
+        from pipeline.runner import instance as default_instance
+
+        instance = default_instance()
+    root = str(getattr(store, "root", store))
+    resources = {"store": StoreResource(root=root)}
+    cfg = {**(config or {}), **({"epochs": int(epochs)} if epochs else {})}
+    names = list(variants or VARIANTS)
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown ablation variant(s) {unknown}; choose from {list(VARIANTS)}")
+    for v in names:
+        t0 = time.perf_counter()
+        res = dg.materialize([ablation_variant], partition_key=v, instance=instance, resources=resources,
+                             run_config={"ops": {"ablation_variant": {"config": cfg}}}, tags={"splavu/entry": "cli"})
+        assert res.success, f"ablation variant {v} failed"
+        if log:
+            log(f"  {v:12s} done in {time.perf_counter() - t0:.0f} s")
+    res = dg.materialize([ablation_report], instance=instance, resources=resources,
+                         run_config={"ops": {"ablation_report": {"config": cfg}}}, tags={"splavu/entry": "cli"})
+    assert res.success, "ablation_report failed"
+    return json.loads((FeatureStore(root).root / "reports" / "ablations.json").read_text())

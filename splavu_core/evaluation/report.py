@@ -1,0 +1,173 @@
+"""Writing the privacy-utility report (and the ablation report): JSON, a Markdown table, a PNG plot.
+
+    <root>/reports/privacy_utility.json   the report (schema: evaluation.suite)
+    <root>/reports/privacy_utility.md     the table, relative change against raw as the paper's Table 1
+    <root>/reports/privacy_utility.png    trade-off: privacy cMAP (x) vs mean utility retention (y)
+    <root>/reports/ablations.json / .md   the same for the ablation variants (grouped tables)
+
+Every file is written to a temp name and renamed into place.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ..store import FeatureStore
+from .suite import REPORT_METRICS, UTILITY_KEYS, mean_utility_retention
+
+COLUMNS = (  # (report key, header); the privacy columns first, as in the paper
+    ("privacy_cmap", "Privacy cMAP ↓"), ("leakage_removed", "Leakage removed ↑"), ("privacy_f1", "Privacy F1"),
+    ("ar_top1", "AR top-1"), ("tad_map", "TAD mAP"), ("ad_auc", "AD AUC"), ("bias_f_gap", "Bias-F gap ↓"),
+    ("bias_m_gap", "Bias-M gap ↓"), ("gait_top1", "Gait top-1 ↓"))
+
+
+def reports_dir(store: FeatureStore) -> Path:
+    return store.root / "reports"
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.part")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------- Markdown
+
+def fmt_change(rel: float | None) -> str:
+    """-0.292 -> '↓29.2%', 0.01 -> '↑1.0%', 0 -> '=' (as in the paper's Table 1)."""
+    if rel is None:
+        return ""
+    pct = abs(rel) * 100
+    if round(pct, 1) == 0:
+        return "="
+    return f"{'↓' if rel < 0 else '↑'}{pct:.1f}%"
+
+
+def fmt_cell(row: dict, key: str) -> str:
+    if key == "leakage_removed":
+        v = row.get(key)
+        return "—" if v is None else f"{v * 100:.1f}%"
+    v = row.get(key)
+    if v is None:
+        return "—"
+    change = fmt_change((row.get("relative_change") or {}).get(key)) if "relative_change" in row else ""
+    return f"{v * 100:.1f}" + (f" ({change})" if change else "")
+
+
+def table_markdown(rows: Sequence[dict]) -> str:
+    """One Markdown table; values x100, non-raw rows with their relative change against raw."""
+    cols = [(k, h) for k, h in COLUMNS if k == "leakage_removed" or any(r.get(k) is not None for r in rows)]
+    lines = ["| Features | " + " | ".join(h for _, h in cols) + " |",
+             "|---|" + "---:|" * len(cols)]
+    for r in rows:
+        cells = ["—" if (k == "leakage_removed" and r["name"] == "raw") else fmt_cell(r, k) for k, _ in cols]
+        lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _footer(report: dict, version_note: str | None = None) -> list[str]:
+    raw = report["rows"][0] if report["rows"] else {}
+    notes = []
+    if raw.get("privacy_chance_cmap") is not None:
+        notes.append(f"Chance cMAP (mean attribute prevalence): {raw['privacy_chance_cmap'] * 100:.1f}. "
+                     "Leakage removed = (raw − anonymized) / (raw − chance), stronger of the raw and standardised "
+                     "attackers.")
+    missing = [k for k in REPORT_METRICS if raw.get(k) is None]
+    if missing:
+        notes.append(f"Not measured (dataset absent or unusable): {', '.join(missing)}.")
+    notes.append(f"Encoder `{report['encoder_fingerprint']}`, "
+                 + (version_note or f"AAM version `{report['aam_version'] or '—'}`."))
+    return notes
+
+
+def report_markdown(report: dict, title: str = "Privacy–utility trade-off") -> str:
+    return "\n".join([f"## {title}", "", table_markdown(report["rows"]), ""] + _footer(report)) + "\n"
+
+
+def ablation_markdown(report: dict, groups: Mapping[str, Sequence[str]]) -> str:
+    """One table per group of variants (e.g. losses, tasks seen, ω_LC sweep), each led by the raw row."""
+    by_name = {r["name"]: r for r in report["rows"]}
+    raw = report["rows"][0]
+    parts = ["## Ablations", ""]
+    for title, names in groups.items():
+        rows = [by_name[n] for n in names if n in by_name]
+        if not rows:
+            continue
+        parts += [f"### {title}", "", table_markdown([raw] + rows), ""]
+    missing = [n for names in groups.values() for n in names if n not in by_name]
+    if missing:
+        parts += [f"Not yet run: {', '.join(dict.fromkeys(missing))}.", ""]
+    note = "each variant trains its own AAM (versions in reports/ablations/variants/)."
+    return "\n".join(parts + _footer(report, note)) + "\n"
+
+
+# ---------------------------------------------------------------- PNG
+
+def tradeoff_png(report: dict, title: str = "Privacy–utility trade-off") -> bytes:
+    """x: privacy cMAP (lower = more private), y: mean utility retention over AR/TAD/AD (raw = 1)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    raw = report["rows"][0]
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    points: dict[tuple, list[str]] = {}  # identical results (e.g. the same config under two names) share a label
+    for r in report["rows"]:
+        x = r.get("privacy_cmap")
+        y = 1.0 if r["name"] == "raw" else mean_utility_retention(raw, r)
+        if x is not None and y is not None:
+            points.setdefault((round(x, 9), round(y, 9)), []).append(r["name"])
+    for (x, y), names in points.items():
+        is_raw = "raw" in names
+        ax.scatter([x], [y], s=40, marker="s" if is_raw else "o", color="black" if is_raw else None)
+        ax.annotate(" = ".join(names), (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    chance = raw.get("privacy_chance_cmap")
+    if chance is not None:
+        ax.axvline(chance, ls="--", color="grey", lw=1)
+        ax.annotate("chance", (chance, ax.get_ylim()[0]), textcoords="offset points", xytext=(3, 3), fontsize=8,
+                    color="grey")
+    ax.set_xlabel("privacy attack cMAP (stronger attacker)  ← more private")
+    ax.set_ylabel(f"mean utility retention ({'/'.join(k.split('_')[0].upper() for k in UTILITY_KEYS)}) ↑")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------- files
+
+def write_privacy_utility_report(store: FeatureStore, report: dict, stem: str = "privacy_utility") -> dict[str, Path]:
+    """Write <root>/reports/<stem>.json, .md and .png; returns their paths (keys json, md, png)."""
+    d = reports_dir(store)
+    paths = {"json": d / f"{stem}.json", "md": d / f"{stem}.md", "png": d / f"{stem}.png"}
+    _write_atomic(paths["json"], (json.dumps(report, indent=1) + "\n").encode())
+    _write_atomic(paths["md"], report_markdown(report).encode())
+    _write_atomic(paths["png"], tradeoff_png(report))
+    return paths
+
+
+def write_ablation_report(store: FeatureStore, report: dict, groups: Mapping[str, Sequence[str]],
+                          stem: str = "ablations") -> dict[str, Path]:
+    """Write <root>/reports/<stem>.json, .md (grouped tables) and .png."""
+    d = reports_dir(store)
+    paths = {"json": d / f"{stem}.json", "md": d / f"{stem}.md", "png": d / f"{stem}.png"}
+    _write_atomic(paths["json"], (json.dumps(report, indent=1) + "\n").encode())
+    _write_atomic(paths["md"], ablation_markdown(report, groups).encode())
+    _write_atomic(paths["png"], tradeoff_png(report, title="Ablations: privacy–utility"))
+    return paths
+
+
+def read_report(store: FeatureStore, stem: str = "privacy_utility") -> dict:
+    p = reports_dir(store) / f"{stem}.json"
+    if not p.is_file():
+        raise FileNotFoundError(f"no report at {p}: materialise privacy_utility_report first")
+    return json.loads(p.read_text())

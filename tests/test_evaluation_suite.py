@@ -1,0 +1,376 @@
+"""The evaluation suite, the report, the two gates and the ablation job, on the tiny store.
+
+The tiny benchmark with a tiny random encoder gives noisy numbers: these tests assert structure and
+hand-checkable relations, never quality.
+"""
+import importlib
+import importlib.util
+import json
+import math
+import shutil
+
+import dagster as dg
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from splavu_core.catalog import METRICS_SCHEMA
+from splavu_core.evaluation import suite
+from splavu_core.evaluation.report import fmt_change, report_markdown
+from splavu_core.store import FeatureStore
+
+SMALL_ADAPTER = {"layers": 1, "heads": 2, "sub_tokens": 4, "token_width": 16}
+FAST_PROBES = {"ar_epochs": 15, "tad_epochs": 5, "ad_epochs": 10, "privacy_epochs": 25}
+
+
+# ---------------------------------------------------------------- fixtures: a trained AAM, then its published tables
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    for lock in dst.glob(".*.lock"):
+        lock.unlink()
+    return FeatureStore(dst)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_store, tmp_path_factory):
+    """A copy of tiny_store with one (tiny) trained AAM recorded, nothing published."""
+    from splavu_core.aam.io import save_adapter
+    from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
+    from splavu_core.publish import record_version
+
+    fs = _copy(tiny_store, tmp_path_factory.mktemp("trained") / "store")
+    cfg = TrainConfig(epochs=3, batch=64, pretrain_head_epochs=2, w_lc=1.0, lr=3e-3, adapter=SMALL_ADAPTER)
+    adapter, acfg, _ = train_aam(load_training_data(fs), cfg, log=None)
+    fp = fs.encoder_fingerprint()
+    from splavu_core.aam.io import adapter_version
+
+    version = adapter_version(adapter, acfg, fp)
+    save_adapter(adapter, acfg, fs.root / "aam" / version, fp)
+    record_version(fs, version, {"encoder_fingerprint": fp, "config": acfg.to_dict()}, make_current=False)
+    return fs.root, version
+
+
+@pytest.fixture(scope="module")
+def published(trained, tmp_path_factory):
+    """The trained store with every shard anonymized and the version current."""
+    from splavu_core.publish import anonymize_shard, set_current
+
+    root, version = trained
+    fs = _copy(root, tmp_path_factory.mktemp("published") / "store")
+    for shard in fs.committed_shards():
+        anonymize_shard(fs, shard, fs.root / "aam" / version)
+    set_current(fs, version)
+    return fs.root, version
+
+
+def _stand_in_anonymized():
+    """anonymized_features as assets/anonymized.py defines it (publish the newest version's table of a shard)."""
+    from pipeline.partitions import shards
+    from pipeline.resources import StoreResource
+
+    @dg.asset(name="anonymized_features", partitions_def=shards, deps=["clip_latents"])
+    def anonymized_features(context: dg.AssetExecutionContext, store: StoreResource):
+        from splavu_core.publish import anonymize_shard
+
+        fs = store.store()
+        version = suite.newest_version(fs)
+        out = anonymize_shard(fs, context.partition_key, fs.root / "aam" / version)
+        return dg.MaterializeResult(metadata={"version": version, "rows": out["rows"]})
+
+    return anonymized_features
+
+
+def _stand_in_catalog():
+    @dg.asset(name="feature_catalog", deps=[dg.AssetKey("anonymized_features")])
+    def feature_catalog():
+        return dg.MaterializeResult(metadata={"updated": True})
+
+    return feature_catalog
+
+
+# ---------------------------------------------------------------- pure: rows, derived values, the Markdown
+
+def _rows(feature_set, version, **vals):
+    out = []
+    for key, value in vals.items():
+        task, metric = suite.REPORT_METRICS[key]
+        out.append({"feature_set": feature_set, "aam_version": version, "task": task, "metric": metric,
+                    "value": value, "split": "test", "created_at": suite._now()})
+    return out
+
+
+def test_report_from_rows_hand_checked():
+    raw = _rows("raw", None, privacy_cmap=0.70, privacy_f1=0.6, privacy_chance_cmap=0.35, ar_top1=0.80,
+                tad_map=0.50, ad_auc=0.90)
+    anon = _rows("splavu", "v1", privacy_cmap=0.50, privacy_f1=0.4, privacy_chance_cmap=0.35, ar_top1=0.80,
+                 tad_map=0.51, ad_auc=0.882)
+    report = suite.build_report("fp", "v1", raw, {"splavu": anon})
+    assert set(report) == {"encoder_fingerprint", "aam_version", "rows"}
+    r, s = report["rows"]
+    assert tuple(r) == suite.REPORT_KEYS and set(s) == set(suite.REPORT_KEYS) | set(suite.DERIVED_KEYS)
+    assert r["bias_f_gap"] is None and r["gait_top1"] is None  # never measured -> null
+    assert s["leakage_removed"] == pytest.approx((0.70 - 0.50) / (0.70 - 0.35))
+    assert s["relative_change"]["privacy_cmap"] == pytest.approx(-0.2 / 0.7)
+    assert s["relative_change"]["ar_top1"] == 0 and s["relative_change"]["gait_top1"] is None
+    md = report_markdown(report)
+    assert "| splavu | 50.0 (↓28.6%) | 57.1% |" in md
+    assert "80.0 (=)" in md and "51.0 (↑2.0%)" in md and "88.2 (↓2.0%)" in md
+    assert "Chance cMAP" in md and "35.0" in md and "bias_f_gap" in md  # says what was not measured
+    assert fmt_change(-0.292) == "↓29.2%" and fmt_change(None) == ""
+    # the derived metric rows agree with the report
+    d = {x["metric"]: x["value"] for x in suite.derived_rows(raw, anon)}
+    assert d["leakage_removed"] == pytest.approx(s["leakage_removed"])
+    assert d["cmap_relative_change"] == pytest.approx(s["relative_change"]["privacy_cmap"])
+    # raw at chance: leakage removed is undefined, not a division by ~0
+    at_chance = _rows("raw", None, privacy_cmap=0.35, privacy_chance_cmap=0.35)
+    assert suite.build_report("fp", "v1", at_chance, {"splavu": anon})["rows"][1]["leakage_removed"] is None
+
+
+def test_metric_rows_file_merges_by_task(tmp_path):
+    fs = FeatureStore(tmp_path)
+    first = _rows("raw", None, ar_top1=0.5, tad_map=0.4)
+    p, = suite.write_metric_rows(fs, first)
+    assert p == tmp_path / "metrics" / "raw-raw.parquet"
+    t = pq.read_table(p)
+    assert t.schema == METRICS_SCHEMA and t.num_rows == 2
+    suite.write_metric_rows(fs, _rows("raw", None, ar_top1=0.6))  # re-evaluating AR replaces only AR
+    got = {(r["task"], r["metric"]): r["value"] for r in suite.read_metric_rows(fs, "raw", None)}
+    assert got == {("ar", "top1"): 0.6, ("tad", "mAP"): 0.4}
+    q, = suite.write_metric_rows(fs, _rows("splavu", "abc123", ar_top1=0.55))
+    assert q.name == "splavu-abc123.parquet" and suite.read_metric_rows(fs, "splavu", "abc123")[0]["value"] == 0.55
+
+
+def test_missing_dataset_is_skipped_and_said():
+    res = suite.evaluate_feature_set({}, "raw", None, which=("bias_m", "gait"))
+    assert list(res) == [] and set(res.skipped) == {"bias_m", "gait"}
+    assert "'bias_m' is not in the store" in res.skipped["bias_m"]
+
+
+# ---------------------------------------------------------------- in-memory anonymization == published table
+
+def test_anonymize_videos_matches_published_table(published):
+    from splavu_core.aam.io import load_adapter
+    from splavu_core.publish import load_video_features
+
+    root, version = published
+    fs = FeatureStore(root)
+    adapter, _, _ = load_adapter(root / "aam" / version)
+    raw = load_video_features(fs, "raw", datasets=["tad"])
+    mem = suite.anonymize_videos(adapter, raw)
+    pub = {v.video_id: v for v in load_video_features(fs, "anonymized", version=version, datasets=["tad"])}
+    assert [v.video_id for v in mem] == [v.video_id for v in raw]
+    for v in mem:
+        assert np.array_equal(v.feats, pub[v.video_id].feats) and v.meta["segments"] == pub[v.video_id].meta["segments"]
+    assert not np.array_equal(mem[0].feats, raw[0].feats)
+
+
+# ---------------------------------------------------------------- the evaluation assets, report and utility gate
+
+def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
+    from assets import evaluation as ev
+    from pipeline.resources import StoreResource
+
+    root, version = published
+    fs = FeatureStore(root)
+    monkeypatch.setenv(ev.UTILITY_RETENTION_ENV, "1e9")  # impossible: the warning must fire
+    res = ev.run_evaluation(StoreResource(root=str(root)), config=FAST_PROBES)
+    assert res.success
+
+    # metric rows: both feature sets, the catalog's schema, one file per (feature set, version)
+    raw_t = pq.read_table(root / "metrics" / "raw-raw.parquet")
+    anon_t = pq.read_table(root / "metrics" / f"splavu-{version}.parquet")
+    assert raw_t.schema == METRICS_SCHEMA and anon_t.schema == METRICS_SCHEMA
+    raw, anon = raw_t.to_pylist(), anon_t.to_pylist()
+    assert {r["feature_set"] for r in raw} == {"raw"} and {r["aam_version"] for r in raw} == {None}
+    assert {r["feature_set"] for r in anon} == {"splavu"} and {r["aam_version"] for r in anon} == {version}
+    want = {("ar", "top1"), ("tad", "mAP"), ("tad", "mAP@0.5"), ("ad", "auc"), ("gait", "top1"),
+            ("privacy", "cmap"), ("privacy", "f1"), ("privacy", "chance_cmap"), ("privacy", "cmap_raw_branch"),
+            ("privacy", "cmap_standardised_branch")}
+    assert want <= {(r["task"], r["metric"]) for r in raw} and want <= {(r["task"], r["metric"]) for r in anon}
+    v = lambda rows, t, m: suite.metric_value(rows, t, m)  # noqa: E731
+    for rows in (raw, anon):  # the reported attacker is the stronger branch
+        assert v(rows, "privacy", "cmap") == max(v(rows, "privacy", "cmap_raw_branch"),
+                                                  v(rows, "privacy", "cmap_standardised_branch"))
+        assert v(rows, "tad", "mAP") == pytest.approx(np.mean([v(rows, "tad", f"mAP@{t:g}") for t in (.3, .4, .5, .6, .7)]))
+    assert v(raw, "privacy", "chance_cmap") == v(anon, "privacy", "chance_cmap")
+    raw_c, anon_c, chance = v(raw, "privacy", "cmap"), v(anon, "privacy", "cmap"), v(raw, "privacy", "chance_cmap")
+    assert v(anon, "privacy", "leakage_removed") == pytest.approx((raw_c - anon_c) / (raw_c - chance))
+    # tiny benchmark: no bias_m dataset, and bias_f's test split has a single group -> both skipped, and said
+    md = res.asset_materializations_for_node("bias_eval")[0].metadata
+    skipped = md["skipped"].value
+    assert "not in the store" in skipped["bias_m"] and "groups" in skipped["bias_f"]
+    pmd = res.asset_materializations_for_node("privacy_attack_eval")[0].metadata
+    assert pmd["splavu/privacy/cmap"].value == pytest.approx(anon_c) and pmd["aam_version"].value == version
+
+    # the report: exact schema, numbers from the rows, Markdown with relative changes, PNG
+    report = json.loads((root / "reports" / "privacy_utility.json").read_text())
+    assert set(report) == {"encoder_fingerprint", "aam_version", "rows"}
+    assert report["encoder_fingerprint"] == fs.encoder_fingerprint() and report["aam_version"] == version
+    assert [r["name"] for r in report["rows"]] == ["raw", "splavu"]
+    r, s = report["rows"]
+    assert tuple(r) == suite.REPORT_KEYS and set(s) == set(suite.REPORT_KEYS) | set(suite.DERIVED_KEYS)
+    assert r["privacy_cmap"] == raw_c and s["privacy_cmap"] == anon_c and s["ar_top1"] == v(anon, "ar", "top1")
+    assert r["bias_f_gap"] is None and r["bias_m_gap"] is None
+    assert s["leakage_removed"] == pytest.approx(v(anon, "privacy", "leakage_removed"))
+    table = (root / "reports" / "privacy_utility.md").read_text()
+    for key in ("privacy_cmap", "ar_top1", "tad_map", "ad_auc", "gait_top1"):
+        rel = s["relative_change"][key]
+        cell = f"{s[key] * 100:.1f}" + (f" ({fmt_change(rel)})" if rel is not None else "")
+        assert cell in table, (key, cell, table)
+    assert (root / "reports" / "privacy_utility.png").read_bytes()[:4] == b"\x89PNG"
+    rmd = res.asset_materializations_for_node("privacy_utility_report")[0].metadata
+    assert "data:image/png;base64," in rmd["tradeoff"].value and "| splavu |" in rmd["table"].value
+    assert rmd["path"].value == str(root / "reports" / "privacy_utility.json")
+
+    # utility_retention: a WARN, never an error, and the run still succeeds
+    ev_check, = res.get_asset_check_evaluations()
+    assert ev_check.check_name == "utility_retention" and ev_check.passed is False
+    assert ev_check.severity == dg.AssetCheckSeverity.WARN
+    passed, _, _ = ev.retention_verdict(report, 0.0)
+    assert passed
+
+
+def test_utility_retention_verdict_hand_checked():
+    from assets.evaluation import retention_verdict
+
+    report = suite.build_report("fp", "v", _rows("raw", None, ar_top1=0.8, tad_map=0.5, ad_auc=0.9),
+                                {"splavu": _rows("splavu", "v", ar_top1=0.79, tad_map=0.45, ad_auc=0.9)})
+    passed, ret, fails = retention_verdict(report, 0.97)
+    assert not passed and ret["tad_map"] == pytest.approx(0.9) and len(fails) == 1 and "tad_map" in fails[0]
+    assert retention_verdict(report, 0.9)[0]
+
+
+# ---------------------------------------------------------------- the blocking publication gate
+
+def test_privacy_budget_blocks_the_catalog_update(trained, tmp_path, monkeypatch):
+    from assets import evaluation as ev
+    from pipeline.partitions import shards
+    from pipeline.resources import StoreResource
+
+    root, version = trained
+    fs = _copy(root, tmp_path / "store")
+    inst = dg.DagsterInstance.ephemeral()
+    inst.add_dynamic_partitions(shards.name, fs.committed_shards())
+    assets = [_stand_in_anonymized(), ev.privacy_budget, _stand_in_catalog()]
+    check_op = ev.privacy_budget.node_def.name
+
+    def run(**config):
+        return dg.materialize(assets, instance=inst, partition_key="privacy-000", raise_on_error=False,
+                              resources={"store": StoreResource(root=str(fs.root))},
+                              run_config={"ops": {check_op: {"config": {"epochs": 25, **config}}}})
+
+    res = run(threshold=1.01)  # impossible: no anonymizer removes more than all the leakage
+    (check,) = res.get_asset_check_evaluations()
+    assert check.passed is False and check.severity == dg.AssetCheckSeverity.ERROR
+    md = check.metadata
+    assert md["threshold"].value == 1.01 and md["aam_version"].value == version
+    assert md["features"].value == "in-memory"  # privacy-001 not yet published: the adapter is applied in memory
+    assert md["leakage_removed"].value == pytest.approx(
+        (md["raw_cmap"].value - md["anonymized_cmap"].value) / (md["raw_cmap"].value - md["chance_cmap"].value))
+    done = {m.asset_key for m in res.get_asset_materialization_events()}
+    assert dg.AssetKey("anonymized_features") in done and dg.AssetKey("feature_catalog") not in done
+    assert not res.success
+
+    monkeypatch.setenv(ev.PRIVACY_BUDGET_ENV, "-1")  # the environment sets the budget when the config does not
+    res = run()
+    (check,) = res.get_asset_check_evaluations()
+    assert check.passed is True and check.metadata["threshold"].value == -1.0 and check.metadata["cached"].value
+    assert dg.AssetKey("feature_catalog") in {m.asset_key for m in res.get_asset_materialization_events()}
+    assert res.success
+
+
+def test_privacy_budget_fails_closed_without_a_privacy_set(trained, tmp_path):
+    from assets import evaluation as ev
+    from pipeline.resources import StoreResource
+
+    root, _ = trained
+    fs = _copy(root, tmp_path / "store")
+    res = dg.materialize([_stand_in_anonymized(), ev.privacy_budget], partition_key="ar-000",
+                         instance=_instance_with(fs), raise_on_error=False,
+                         resources={"store": StoreResource(root=str(fs.root))},
+                         run_config={"ops": {ev.privacy_budget.node_def.name: {"config": {"dataset": "nope", "threshold": -1}}}})
+    (check,) = res.get_asset_check_evaluations()
+    assert check.passed is False and "could not be measured" in check.description
+
+
+def _instance_with(fs):
+    from pipeline.partitions import shards
+
+    inst = dg.DagsterInstance.ephemeral()
+    inst.add_dynamic_partitions(shards.name, fs.committed_shards())
+    return inst
+
+
+# ---------------------------------------------------------------- ablations
+
+def test_ablation_partitions_write_rows_and_report(tiny_store, tmp_path):
+    from pipeline.ablations import GROUPS, VARIANTS, run_ablations
+
+    fs = _copy(tiny_store, tmp_path / "store")
+    cfg = {"batch": 64, "pretrain_head_epochs": 2, "lr": 3e-3, **{k: v for k, v in SMALL_ADAPTER.items()},
+           **FAST_PROBES}
+    report = run_ablations(fs, variants=["loss_all", "tasks_all"], epochs=2, config=cfg,
+                           instance=dg.DagsterInstance.ephemeral(), log=None)
+    d = fs.root / "reports" / "ablations"
+    a = json.loads((d / "variants" / "loss_all.json").read_text())
+    b = json.loads((d / "variants" / "tasks_all.json").read_text())
+    assert a["reused"] is False and b["reused"] is True  # same training config: trained once
+    assert a["train_config"]["epochs"] == 2 and a["train_config"]["adapter"] == SMALL_ADAPTER
+    assert a["row"]["name"] == "loss_all" and set(a["row"]) == set(suite.REPORT_KEYS) | set(suite.DERIVED_KEYS)
+    assert [r["name"] for r in report["rows"]] == ["raw", "loss_all", "tasks_all"]
+    raw, row = report["rows"][0], report["rows"][1]
+    assert row["privacy_cmap"] == a["row"]["privacy_cmap"]
+    if row["leakage_removed"] is not None:
+        assert row["leakage_removed"] == pytest.approx((raw["privacy_cmap"] - row["privacy_cmap"])
+                                                       / (raw["privacy_cmap"] - raw["privacy_chance_cmap"]))
+    md = (fs.root / "reports" / "ablations.md").read_text()
+    assert "### Losses" in md and "### Tasks seen" in md and "| loss_all |" in md and "Not yet run:" in md
+    assert set(VARIANTS) >= {n for names in GROUPS.values() for n in names}
+    assert {"loss_no_lt", "loss_no_lb", "loss_no_llc", "tasks_ar", "tasks_tad", "tasks_ad", "wlc_0", "wlc_1000"} <= set(VARIANTS)
+
+
+def test_variant_configs():
+    from pipeline.ablations import AblationConfig
+
+    base = AblationConfig(epochs=5, w_lc=10.0)
+    assert base.variant_train_config("loss_no_lt").tasks == ()
+    assert base.variant_train_config("loss_no_lb").w_b == 0.0
+    assert base.variant_train_config("loss_no_llc").w_lc == 0.0
+    assert base.variant_train_config("tasks_tad").tasks == ("tad",)
+    assert base.variant_train_config("wlc_1000").w_lc == 1000.0 and base.variant_train_config("wlc_1000").epochs == 5
+    assert base.variant_train_config("loss_all").w_lc == 10.0
+    with pytest.raises(ValueError, match="unknown ablation variant"):
+        base.variant_train_config("nope")
+
+
+# ---------------------------------------------------------------- every definition loads together
+
+def test_definitions_load():
+    from assets import aam, evaluation, latents, manifest
+    from pipeline import ablations
+    from pipeline.resources import EncoderResource, StoreResource
+
+    def real_or_stand_in(module, make):
+        if importlib.util.find_spec(f"assets.{module}") is None:
+            return [make()]
+        try:
+            return dg.load_assets_from_modules([importlib.import_module(f"assets.{module}")])
+        except ImportError:
+            return [make()]
+
+    extra = real_or_stand_in("anonymized", _stand_in_anonymized) + real_or_stand_in("catalog", _stand_in_catalog)
+    defs = dg.Definitions(
+        assets=[*dg.load_assets_from_modules([manifest, latents, aam, evaluation]), *extra, *ablations.ASSETS],
+        asset_checks=dg.load_asset_checks_from_modules([evaluation]),
+        jobs=[ablations.ablations_job],
+        resources={"store": StoreResource(root="/nonexistent"), "encoder": EncoderResource()})
+    dg.Definitions.validate_loadable(defs)
+    graph = defs.resolve_asset_graph()
+    keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
+    assert {"action_recognition_eval", "temporal_detection_eval", "anomaly_detection_eval", "privacy_attack_eval",
+            "bias_eval", "gait_eval", "privacy_utility_report", "ablation_variant", "ablation_report"} <= keys
+    checks = {(c.asset_key.to_user_string(), c.name) for c in graph.asset_check_keys}
+    assert checks >= {("anonymized_features", "privacy_budget"), ("privacy_utility_report", "utility_retention")}
+    assert defs.resolve_job_def("ablations").partitions_def is ablations.ablation_variants
+    assert math.isclose(evaluation.DEFAULT_PRIVACY_BUDGET, 0.5) and math.isclose(evaluation.DEFAULT_UTILITY_RETENTION, 0.97)

@@ -1,0 +1,377 @@
+"""Publishing anonymized features through Dagster: the asset, the catalog asset, re-anonymization
+sensors and schedule, and the analysts' CLI (`splavu sql`, `splavu neighbors`).
+
+One store (a copy of the `tiny_store` fixture) is shared by the module and evolves test by test,
+in file order: AAM v1 published everywhere -> v2 rolled out by the aam_model sensor -> a new shard
+-> a rollback -> retention -> bad inputs. The encoder's loader is patched to raise for all of it."""
+import json
+import shutil
+import subprocess
+import sys
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+
+import dagster as dg
+import pyarrow.parquet as pq
+import pytest
+
+from assets.anonymized import (anonymized_features, maybe_promote, registered_shards, shards_lacking,
+                               target_versions)
+from assets.catalog import feature_catalog
+from pipeline.cli import main
+from pipeline.reanonymize import (anonymize_new_shards, build_reanonymize_schedule, reanonymize_job,
+                                  reanonymize_on_new_aam, reanonymize_schedule, refresh_catalog_job,
+                                  refresh_catalog_sensor, run_reanonymize)
+from pipeline.resources import StoreResource
+from splavu_core import publish as pub
+from splavu_core import catalog as cat
+
+REPO = Path(__file__).resolve().parents[1]
+AAM = {"epochs": 2, "batch": 64, "layers": 1, "heads": 2, "sub_tokens": 4, "token_width": 16, "lr": 1e-2}
+
+
+def refuse(*a, **k):
+    raise AssertionError("the encoder must never be loaded to publish anonymized features")
+
+
+def train_aam(inst, store, **over) -> str:
+    from assets.aam import aam_model
+
+    res = dg.materialize([aam_model], instance=inst, resources={"store": store},
+                         run_config={"ops": {"aam_model": {"config": {**AAM, **over}}}})
+    return res.asset_materializations_for_node("aam_model")[0].metadata["version"].value
+
+
+def execute(env, req: dg.RunRequest) -> dict:
+    """Run what a sensor / schedule requested, as the daemon would (same partition, config, tags)."""
+    res = dg.materialize([anonymized_features], instance=env.inst, partition_key=req.partition_key,
+                         run_config=req.run_config, resources={"store": env.store}, tags=req.tags)
+    return {k: v.value for k, v in res.asset_materializations_for_node("anonymized_features")[0].metadata.items()}
+
+
+def local_defs(store: StoreResource) -> dg.Definitions:
+    """What pipeline/definitions.py wires up for this issue (plus the assets it builds on)."""
+    from assets import aam, anonymized, catalog, latents, manifest
+    from pipeline.resources import EncoderResource
+
+    return dg.Definitions(
+        assets=dg.load_assets_from_modules([manifest, latents, aam, anonymized, catalog]),
+        jobs=[reanonymize_job, refresh_catalog_job],
+        sensors=[reanonymize_on_new_aam, anonymize_new_shards, refresh_catalog_sensor],
+        schedules=[reanonymize_schedule], resources={"store": store, "encoder": EncoderResource()})
+
+
+def sensor_tick(sensor, env, cursor=None):
+    """One evaluation, as the daemon does it (run requests resolved and checked against the job)."""
+    with dg.partition_loading_context(dynamic_partitions_store=env.inst):
+        return sensor.evaluate_tick(dg.build_sensor_context(instance=env.inst, cursor=cursor, definitions=env.defs,
+                                                            resources={"store": env.store}))
+
+
+@contextmanager
+def schedule_ticks(env):
+    """Schedule contexts need a persistent instance: a throwaway sqlite one with the same shard partitions."""
+    inst = dg.DagsterInstance.local_temp(str(env.tmp.mktemp("dagster_home")))  # not `with`: that leaks a ContextVar
+    inst.add_dynamic_partitions("shards", env.inst.get_dynamic_partitions("shards"))
+
+    def tick():
+        ctx = dg.build_schedule_context(instance=inst, resources={"store": env.store},
+                                        repository_def=env.defs.get_repository_def(),
+                                        scheduled_execution_time=datetime(2026, 1, 2, 3, tzinfo=timezone.utc))
+        with dg.partition_loading_context(dynamic_partitions_store=inst):
+            return reanonymize_schedule.evaluate_tick(ctx)
+    try:
+        yield tick
+    finally:
+        inst.dispose()
+
+
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def env(tiny_store, tiny_bench, tmp_path_factory):
+    import pipeline.resources
+    import splavu_core.encoders.vfm
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(splavu_core.encoders.vfm, "load_encoder", refuse)
+        mp.setattr(pipeline.resources, "load_encoder", refuse)
+        root = tmp_path_factory.mktemp("reanon") / "store"
+        shutil.copytree(tiny_store, root)
+        inst = dg.DagsterInstance.ephemeral()
+        store = StoreResource(root=str(root))
+        v1 = train_aam(inst, store)
+        first = run_reanonymize(inst, store)  # every shard (one run each), then the catalog
+        yield SimpleNamespace(root=root, inst=inst, store=store, fs=store.store(), v1=v1, first=first,
+                              bench=tiny_bench[0], tmp=tmp_path_factory, defs=local_defs(store))
+
+
+def test_every_shard_published_from_cached_latents_only(env):
+    fs = env.fs
+    shards = registered_shards(fs)
+    assert len(shards) >= 6 and set(env.first["shards"]) == set(shards)
+    total = 0
+    for s in shards:
+        md = env.first["shards"][s]
+        clips = fs.committed(s)["clips"]
+        assert md["skipped"] is False and md["rows"] == clips and md["aam_version"] == env.v1
+        assert md["clips_per_s"] > 0 and md["max_abs_change"] > 0
+        table = pq.read_table(pub.anonymized_path(fs, env.v1, s))
+        assert table.num_rows == clips and table.schema.field("feature").type.list_size == md["dim"]
+        # the only vector column is `feature`, and none of its rows is a raw latent
+        assert [f.name for f in table.schema if str(f.type).startswith(("fixed_size_list", "list"))] == ["feature"]
+        pub.assert_no_raw_latents(table, fs.read_shard(s, with_static=False).clips)
+        total += clips
+    assert pub.current_version(fs) == env.v1
+    assert env.first["catalog"]["rows"]["anonymized_features"] == total
+    assert env.first["catalog"]["aam_version"] == env.v1
+
+
+def test_rerun_skips_a_published_shard(env):
+    shard = registered_shards(env.fs)[0]
+    path = pub.anonymized_path(env.fs, env.v1, shard)
+    before = path.stat().st_mtime_ns
+    out = run_reanonymize(env.inst, env.store, shard_keys=[shard], catalog=False)
+    assert out["shards"][shard]["skipped"] is True and out["shards"][shard]["clips_per_s"] == 0
+    assert path.stat().st_mtime_ns == before
+
+
+def test_catalog_asset_is_idempotent_and_records_runs(env):
+    mds = []
+    for _ in range(2):
+        res = dg.materialize([feature_catalog], instance=env.inst, resources={"store": env.store})
+        mds.append({k: v.value for k, v in res.asset_materializations_for_node("feature_catalog")[0].metadata.items()})
+    a, b = mds
+    assert a["views"] == b["views"] and {"videos", "clips", "anonymized_features", "aam_versions", "quarantine",
+                                         "metrics", "runs"} <= set(a["views"])
+    same = lambda r: {k: v for k, v in r.items() if k not in ("runs", "storage")}  # noqa: E731
+    assert same(a["rows"]) == same(b["rows"])
+    assert b["rows"]["runs"] == a["rows"]["runs"] + 1  # the second build's own run
+    runs = cat.query(env.fs, "SELECT run_id, job, status, finished_at FROM runs").to_pylist()
+    by_id = {r["run_id"]: r for r in runs}
+    assert by_id[res.run_id]["status"] == "STARTED"  # its own run, as of its build
+    done = [r for r in runs if r["status"] == "SUCCESS"]
+    assert len(done) >= len(registered_shards(env.fs)) + 1 and all(r["finished_at"] for r in done)
+
+
+def test_cli_sql_and_neighbors(env, capsys):
+    root = str(env.root)
+    rc, out, _ = cli(capsys, "--store", root, "sql",
+                     "SELECT dataset, split, count(*) AS clips FROM anonymized_features GROUP BY ALL ORDER BY ALL")
+    assert rc == 0 and out.splitlines()[0].split() == ["dataset", "split", "clips"] and "rows)" in out
+    rc, out, _ = cli(capsys, "--store", root, "sql", "SELECT count(*) AS n FROM anonymized_features",
+                     "--format", "json")
+    total = sum(env.fs.committed(s)["clips"] for s in registered_shards(env.fs))
+    assert rc == 0 and json.loads(out) == [{"n": total}]
+    rc, out, _ = cli(capsys, "--store", root, "sql", "SELECT video_id, dataset FROM videos ORDER BY ALL LIMIT 2",
+                     "--format", "csv")
+    assert rc == 0 and out.splitlines()[0] == "video_id,dataset" and len(out.splitlines()) == 3
+
+    vid, ds = cat.query(env.fs, "SELECT video_id, dataset FROM anonymized_features WHERE dataset = 'ar' "
+                                "ORDER BY video_id LIMIT 1").to_pylist()[0].values()
+    rc, out, _ = cli(capsys, "--store", root, "neighbors", vid, "--dataset", ds, "--k", "3", "--format", "json")
+    rows = json.loads(out)
+    assert rc == 0 and len(rows) == 3 and all(r["video_id"] != vid or r["dataset"] != ds for r in rows)
+    assert rows[0]["similarity"] >= rows[-1]["similarity"]
+    rc, out, _ = cli(capsys, "--store", root, "neighbors", vid, "--dataset", ds, "--k", "2")
+    assert rc == 0 and out.splitlines()[0].split() == ["video_id", "clip_index", "split", "similarity", "dataset"]
+
+    # read-only, and clear errors with exit code 2
+    rc, _, err = cli(capsys, "--store", root, "sql", "CREATE TABLE t AS SELECT 1")
+    assert rc == 2 and "read-only" in err.lower()
+    rc, _, err = cli(capsys, "--store", root, "sql", "SELECT nope FROM videos")
+    assert rc == 2 and "nope" in err
+    rc, _, err = cli(capsys, "--store", root, "neighbors", "no_such_video")
+    assert rc == 2 and "not in the current anonymized table" in err
+    empty = str(env.tmp.mktemp("empty"))
+    for argv in (["sql", "SELECT 1"], ["neighbors", vid]):
+        rc, _, err = cli(capsys, "--store", empty, *argv)
+        assert rc == 2 and "run feature_catalog first" in err
+
+
+def test_new_aam_sensor_rolls_out_a_second_version(env):
+    fs = env.fs
+    v2 = train_aam(env.inst, env.store, seed=1)
+    assert v2 != env.v1 and pub.current_version(fs) == env.v1  # recorded, not current before it is published
+    assert target_versions(fs) == [env.v1, v2]
+    tick = sensor_tick(reanonymize_on_new_aam, env)
+    reqs = tick.run_requests
+    shards = registered_shards(fs)
+    assert sorted(r.partition_key for r in reqs) == shards
+    assert all(r.run_config["ops"]["anonymized_features"]["config"]["aam_version"] == v2 for r in reqs)
+    assert len({r.run_key for r in reqs}) == len(reqs) and all(r.tags["splavu/trigger"] == "new_aam" for r in reqs)
+
+    for r in reqs[:-1]:
+        md = execute(env, r)
+        assert md["aam_version"] == v2 and md["is_current"] is False
+    assert pub.current_version(fs) == env.v1  # not current until every registered shard has its table
+    md = execute(env, reqs[-1])
+    assert md["is_current"] is True and pub.current_version(fs) == v2
+    # both versions coexist, each complete and readable
+    for v in (env.v1, v2):
+        assert shards_lacking(fs, v) == [] and pub.read_anonymized(fs, version=v).num_rows > 0
+    assert sensor_tick(reanonymize_on_new_aam, env, cursor=tick.cursor).run_requests == []  # event consumed
+    again = sensor_tick(reanonymize_on_new_aam, env)  # same event, but every table exists now
+    assert again.run_requests == [] and "already have complete tables" in again.skip_message
+    env.v2 = v2
+
+
+def test_catalog_sensor_waits_for_reanonymize_runs_then_rebuilds_once(env):
+    from dagster._core.storage.dagster_run import DagsterRun
+
+    tick = sensor_tick(refresh_catalog_sensor, env)
+    assert len(tick.run_requests) == 1 and tick.cursor
+    assert sensor_tick(refresh_catalog_sensor, env, cursor=tick.cursor).run_requests == []
+    busy = DagsterRun(job_name=reanonymize_job.name, status=dg.DagsterRunStatus.STARTED)
+    env.inst.add_run(busy)
+    waiting = sensor_tick(refresh_catalog_sensor, env)
+    assert waiting.run_requests == [] and "waiting for 1 reanonymize run" in waiting.skip_message
+    env.inst.delete_run(busy.run_id)
+    res = dg.materialize([feature_catalog], instance=env.inst, resources={"store": env.store})
+    assert res.asset_materializations_for_node("feature_catalog")[0].metadata["aam_version"].value == env.v2
+    assert cat.query(env.fs, "SELECT DISTINCT aam_version FROM anonymized_features").to_pylist() == [
+        {"aam_version": env.v2}]
+
+
+def test_new_shard_sensor_requests_only_shards_lacking_tables(env):
+    from splavu_core.registry import register_dataset
+
+    fs = env.fs
+    # a new dataset arrives (as from the inbox): register it, and give it latents (a copy of ar-000's)
+    assert register_dataset(fs, "extra", env.bench / "ar" / "manifest.csv", shard_size=10 ** 6) == ["extra-000"]
+    shutil.copytree(fs.shard_dir("ar-000"), fs.shard_dir("extra-000"))
+    shutil.copy(fs.shard_manifest_path("ar-000"), fs.shard_manifest_path("extra-000"))
+    for shard in ("ar-000", "extra-000"):  # clip_latents materialisations: one old shard, one new
+        env.inst.report_runless_asset_event(dg.AssetMaterialization("clip_latents", partition=shard))
+    # a shard that is not a partition yet is added by the sensor's own request (raw result, unresolved)
+    raw = anonymize_new_shards(dg.build_sensor_context(instance=env.inst, resources={"store": env.store}))
+    assert raw.dynamic_partitions_requests[0].partition_keys == ["extra-000"]
+    env.inst.add_dynamic_partitions("shards", ["extra-000"])  # as the inbox sensor / `splavu ingest` do
+    tick = sensor_tick(anonymize_new_shards, env)
+    assert [(r.partition_key, r.run_config["ops"]["anonymized_features"]["config"]["aam_version"])
+            for r in tick.run_requests] == [("extra-000", env.v2)]
+    assert tick.dynamic_partitions_requests == []
+    md = execute(env, tick.run_requests[0])
+    assert md["skipped"] is False and md["is_current"] is True and shards_lacking(fs, env.v2) == []
+    later = sensor_tick(anonymize_new_shards, env, cursor=tick.cursor)
+    assert later.run_requests == [] and "no new clip_latents" in later.skip_message
+
+
+def test_a_rollback_sticks(env):
+    fs = env.fs
+    pub.set_current(fs, env.v1)  # roll back by hand
+    assert target_versions(fs) == [env.v1]  # v2 was current once: it is not "being rolled out" again
+    assert shards_lacking(fs, env.v1) == ["extra-000"]
+    current, why = maybe_promote(fs, env.v2)  # v2 is complete, but must not undo the rollback
+    assert current is False and "made current once before" in why and pub.current_version(fs) == env.v1
+    pub.set_current(fs, env.v2)
+
+
+def test_schedule_is_defined_stopped_and_requests_what_is_missing(env, monkeypatch):
+    assert reanonymize_schedule.name == "reanonymize_schedule" and reanonymize_schedule.job_name == "reanonymize"
+    assert reanonymize_schedule.default_status == dg.DefaultScheduleStatus.STOPPED
+    assert reanonymize_schedule.cron_schedule == "0 3 * * *"
+    monkeypatch.setenv("SPLAVU_REANONYMIZE_CRON", "*/15 * * * *")
+    assert build_reanonymize_schedule().cron_schedule == "*/15 * * * *"
+
+    with schedule_ticks(env) as tick:
+        nothing = tick()
+        assert nothing.run_requests == [] and "complete table" in nothing.skip_message
+        gone = pub.anonymized_path(env.fs, env.v2, "tad-000")
+        gone.unlink()
+        reqs = tick().run_requests
+    assert [r.partition_key for r in reqs] == ["tad-000"] and reqs[0].tags["splavu/trigger"] == "cron"
+    assert execute(env, reqs[0])["skipped"] is False and gone.is_file()
+
+
+def test_retention_keeps_the_newest_versions(env):
+    fs = env.fs
+    req = dg.RunRequest(partition_key="ar-000", run_config={"ops": {"anonymized_features": {"config": {
+        "aam_version": env.v2, "retention": 1}}}})
+    md = execute(env, req)
+    assert md["skipped"] is True and md["retention"]["deleted"] == [env.v1]
+    assert not pub.anonymized_dir(fs, env.v1).exists() and shards_lacking(fs, env.v2) == []
+    assert pub.read_anonymized(fs).num_rows == sum(fs.committed(s)["clips"] for s in registered_shards(fs))
+
+
+def _snapshot(fs):
+    return {p: p.read_bytes() for p in sorted((fs.root / "anonymized").rglob("*.parquet"))}
+
+
+def test_missing_or_foreign_aam_is_a_clear_error_and_tables_stay_readable(env, tiny_store):
+    fs = env.fs
+    before = _snapshot(fs)
+
+    def publish(store, version, pattern):
+        with pytest.raises(pub.PublishError, match=pattern):
+            dg.materialize([anonymized_features], instance=env.inst, partition_key="ar-000",
+                           resources={"store": store}, run_config={"ops": {"anonymized_features": {"config": {
+                               "aam_version": version}}}})
+
+    publish(env.store, "0123456789abcdef", "is not recorded .* materialise aam_model first")
+    aam_dir = fs.root / "aam" / env.v2
+    aside = fs.root / "aam_aside"
+    aam_dir.rename(aside)  # recorded, but the adapter files are gone
+    try:
+        publish(env.store, "", r"no AAM adapter at .*train aam_model first")
+    finally:
+        aside.rename(aam_dir)
+    # an adapter trained on another encoder's latents, copied into the store by hand
+    from splavu_core.aam import AAMConfig, AnonymizingAdapter, save_adapter
+
+    cfg = AAMConfig(dim=fs.committed("ar-000")["dim"], layers=1, heads=2, sub_tokens=4, token_width=16)
+    tmp = fs.root / "aam" / "foreign-tmp"
+    foreign = save_adapter(AnonymizingAdapter(cfg), cfg, tmp, "videomae-other")
+    tmp.rename(fs.root / "aam" / foreign)
+    publish(env.store, foreign, "trained on latents of encoder 'videomae-other'.*refusing to mix")
+    shutil.rmtree(fs.root / "aam" / foreign)
+    assert _snapshot(fs) == before  # nothing published, nothing removed
+    assert pub.read_anonymized(fs).num_rows > 0
+    assert cat.query(fs, "SELECT count(*) AS n FROM anonymized_features").to_pylist()[0]["n"] > 0
+
+    fresh = env.tmp.mktemp("noaam") / "store"  # a store that never had an AAM
+    shutil.copytree(tiny_store, fresh)
+    publish(StoreResource(root=str(fresh)), "", "no AAM version is recorded .* materialise aam_model first")
+    assert not (fresh / "anonymized").exists()
+
+
+PUBLISH_SCRIPT = """
+import json, sys
+import dagster as dg
+import splavu_core.encoders.vfm as vfm
+def refuse(*a, **k):
+    raise AssertionError("the encoder must never be loaded")
+vfm.load_encoder = refuse
+from pipeline.reanonymize import run_reanonymize
+from pipeline.resources import StoreResource
+out = run_reanonymize(dg.DagsterInstance.ephemeral(), StoreResource(root=sys.argv[1]), shard_keys=[sys.argv[2]])
+print(json.dumps({"skipped": out["shards"][sys.argv[2]]["skipped"], "views": out["catalog"]["views"],
+                  "transformers_imported": "transformers" in sys.modules}))
+"""
+
+
+def test_publishing_never_imports_transformers(env):
+    copy = env.tmp.mktemp("subproc") / "store"
+    shutil.copytree(env.root, copy)
+    (copy / "anonymized" / env.v2 / "gait-000.parquet").unlink()
+    out = subprocess.run([sys.executable, "-c", PUBLISH_SCRIPT, str(copy), "gait-000"], cwd=REPO, capture_output=True,
+                         text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res == {"skipped": False, "views": res["views"], "transformers_imported": False}
+    assert (copy / "anonymized" / env.v2 / "gait-000.parquet").is_file()
+
+
+def test_definitions_wire_up():
+    defs = local_defs(StoreResource())
+    dg.Definitions.validate_loadable(defs)
+    assert defs.resolve_job_def("reanonymize").partitions_def.name == "shards"
+    assert defs.resolve_job_def("refresh_catalog").partitions_def is None
+    assert {s.name for s in defs.sensors} == {"reanonymize_on_new_aam", "anonymize_new_shards",
+                                              "refresh_catalog_sensor"}
