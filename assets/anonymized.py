@@ -29,6 +29,7 @@ from pipeline.partitions import shards
 from pipeline.resources import StoreResource
 from splavu_core.publish import (PublishError, anonymize_shard, anonymized_path, apply_retention, current_version,
                                  read_versions, set_current, versions_path)
+from splavu_core.evaluation.suite import passes_privacy_budget
 from splavu_core.registry import registered
 from splavu_core.store import FeatureStore
 
@@ -145,6 +146,9 @@ def maybe_promote(store: FeatureStore, version: str) -> tuple[bool, str]:
                            f"since: use publish.set_current to switch back")
         if _created(store, version) < _created(store, cur):
             return False, f"complete, but older than the current version {cur}: use publish.set_current to roll back"
+        ok, why = passes_privacy_budget(store, version)  # the privacy gate guards promotion, not just this run
+        if not ok:
+            return False, f"complete, but not made current: {why}"
         set_current(store, version)
         done[version] = datetime.now(timezone.utc).isoformat()
         p = store.root / PROMOTIONS_FILE

@@ -21,6 +21,7 @@ from splavu_core.evaluation.report import read_report, report_markdown, write_pr
 from splavu_core.evaluation.suite import (DEFAULT_DATASETS, RAW, UTILITY_KEYS, build_report, budget_verdict,
                                           derived_rows, evaluate_feature_set, load_feature_sets, metric_value,
                                           newest_version, privacy_budget_measure, read_metric_rows, write_metric_rows)
+from splavu_core.evaluation.suite import DEFAULT_PRIVACY_BUDGET, PRIVACY_BUDGET_ENV
 from splavu_core.evaluation.suite import utility_retention as retention_per_metric
 
 ANONYMIZED = dg.AssetKey("anonymized_features")
@@ -28,9 +29,7 @@ CLIP_LATENTS = dg.AssetKey("clip_latents")
 SPLAVU = "splavu"
 GROUP = "evaluation"
 
-PRIVACY_BUDGET_ENV = "SPLAVU_PRIVACY_BUDGET"
 UTILITY_RETENTION_ENV = "SPLAVU_UTILITY_RETENTION"
-DEFAULT_PRIVACY_BUDGET = 0.5
 DEFAULT_UTILITY_RETENTION = 0.97
 
 

@@ -102,6 +102,9 @@ def env(tiny_store, tiny_bench, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(splavu_core.encoders.vfm, "load_encoder", refuse)
         mp.setattr(pipeline.resources, "load_encoder", refuse)
+        # a 2-epoch AAM on a random tiny encoder cannot meet a real privacy budget; promotion mechanics are
+        # tested here with the gate open, the gate itself in test_a_version_failing_the_budget_stays_out
+        mp.setenv("SPLAVU_PRIVACY_BUDGET", "-1")
         root = tmp_path_factory.mktemp("reanon") / "store"
         shutil.copytree(tiny_store, root)
         inst = dg.DagsterInstance.ephemeral()
@@ -375,3 +378,14 @@ def test_definitions_wire_up():
     assert defs.resolve_job_def("refresh_catalog").partitions_def is None
     assert {s.name for s in defs.sensors} == {"reanonymize_on_new_aam", "anonymize_new_shards",
                                               "refresh_catalog_sensor"}
+
+
+def test_a_version_failing_the_budget_stays_out(env, monkeypatch):
+    monkeypatch.setenv("SPLAVU_PRIVACY_BUDGET", "1.01")  # no adapter removes more than all leakage
+    before = pub.current_version(env.fs)
+    v = train_aam(env.inst, env.store, seed=5)
+    out = run_reanonymize(env.inst, env.store, version=v, catalog=False)
+    assert shards_lacking(env.fs, v) == []  # every table written...
+    assert pub.current_version(env.fs) == before  # ...but the version never became current
+    last = [md for md in out["shards"].values() if "budget" in str(md.get("promotion", ""))]
+    assert last and "not made current" in last[-1]["promotion"]

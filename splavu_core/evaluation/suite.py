@@ -505,3 +505,17 @@ def budget_verdict(measure: dict, threshold: float) -> tuple[bool, str]:
                     f"{measure['anonymized_cmap']:.4f} {'<=' if ok else '>'} chance {measure['chance_cmap']:.4f}")
     ok = lr >= threshold
     return ok, f"leakage removed {lr:.3f} {'>=' if ok else '<'} budget {threshold:g}"
+
+
+PRIVACY_BUDGET_ENV = "SPLAVU_PRIVACY_BUDGET"
+DEFAULT_PRIVACY_BUDGET = 0.5
+
+
+def passes_privacy_budget(store: FeatureStore, version: str, threshold: float | None = None) -> tuple[bool, str]:
+    """The gate a version must pass before it becomes current; fails closed when leakage cannot be measured."""
+    if threshold is None:
+        threshold = float(os.environ.get(PRIVACY_BUDGET_ENV, DEFAULT_PRIVACY_BUDGET))
+    try:
+        return budget_verdict(privacy_budget_measure(store, version), threshold)
+    except Exception as e:
+        return False, f"leakage of version {version} could not be measured ({e}); not promoted"

@@ -26,7 +26,7 @@ DATASETS = ("ar", "privacy", "tad", "ad", "bias_f", "bias_m", "gait")
 # per scale: videos per split (AR: per action), and actor pools
 SCALES = {
     "tiny": dict(ar=(3, 1, 2), ar_actors=(12, 4, 8), privacy=(48, 32), tad=(6, 2, 4), ad=(6, 6),
-                 bias=(3, 1), gait=(4, 2), tad_frames=(96, 128), ad_frames=(128, 160)),
+                 bias=(3, 2), gait=(4, 2), tad_frames=(96, 128), ad_frames=(128, 160)),
     "demo": dict(ar=(40, 10, 20), ar_actors=(80, 20, 40), privacy=(600, 300), tad=(80, 20, 40), ad=(80, 40),
                  bias=(30, 20), gait=(24, 4), tad_frames=(160, 224), ad_frames=(256, 384)),
     "large": dict(ar=(120, 30, 60), ar_actors=(240, 60, 120), privacy=(1800, 900), tad=(240, 60, 120),
