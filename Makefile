@@ -13,22 +13,27 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements.txt
 	$(BIN)/pip install -q --no-deps -e .
-	mkdir -p $(DAGSTER_HOME) && cp -n dagster.yaml $(DAGSTER_HOME)/dagster.yaml || true
 	touch $(STAMP)
 
-setup: $(STAMP)
+$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+	mkdir -p $(DAGSTER_HOME)
+	cp dagster.yaml $@
 
-demo: $(STAMP)
+setup: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
+
+demo: setup
 	$(BIN)/splavu demo
 
-test: $(STAMP)
+test: setup
 	$(BIN)/python -m pytest
 
-ablations: $(STAMP)
+ablations: setup
 	$(BIN)/splavu ablations
 
-bench: $(STAMP)
+bench: setup
 	$(BIN)/python benchmarks/extract.py
+	$(BIN)/python benchmarks/train_aam.py --store store
+	$(BIN)/python benchmarks/publish.py
 
 clean:
-	rm -rf store .dagster_home
+	rm -rf store data .dagster_home

@@ -23,6 +23,7 @@ from splavu_core.evaluation.suite import (DEFAULT_DATASETS, RAW, UTILITY_KEYS, b
                                           newest_version, privacy_budget_measure, read_metric_rows, write_metric_rows)
 from splavu_core.evaluation.suite import DEFAULT_PRIVACY_BUDGET, PRIVACY_BUDGET_ENV
 from splavu_core.evaluation.suite import utility_retention as retention_per_metric
+from pipeline.inprocess import quiet
 
 ANONYMIZED = dg.AssetKey("anonymized_features")
 CLIP_LATENTS = dg.AssetKey("clip_latents")
@@ -271,5 +272,5 @@ def run_evaluation(store, config: dict | None = None, instance: dg.DagsterInstan
     if config and config.get("aam_version"):
         ops[privacy_utility_report.node_def.name] = {"config": {"aam_version": config["aam_version"]}}
     return dg.materialize([*EVAL_ASSETS, privacy_utility_report, utility_retention], instance=instance,
-                          resources={"store": StoreResource(root=root)}, run_config={"ops": ops},
+                          resources={"store": StoreResource(root=root)}, run_config=quiet({"ops": ops}),
                           tags={"splavu/entry": "cli"}, raise_on_error=raise_on_error)

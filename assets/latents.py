@@ -6,7 +6,7 @@ import dagster as dg
 from pipeline.partitions import shards
 from pipeline.resources import EncoderResource, StoreResource
 from splavu_core.extract import extract_shard, manifest_hash
-from splavu_core.registry import shard_rows
+from splavu_core.registry import dataset_of, shard_rows
 
 
 @dg.multi_asset(
@@ -38,7 +38,7 @@ def extracted_latents(context: dg.AssetExecutionContext, store: StoreResource, e
                 context.log.info(f"{shard}: {n}/{len(rows)} videos")
 
         data = extract_shard(shard, rows, manifest.root, enc, sampling, batch_size=encoder.batch_size,
-                             decode_threads=encoder.decode_threads, static_splits=tuple(encoder.static_splits),
+                             decode_threads=encoder.decode_threads, static_splits=encoder.static_splits_for(dataset_of(shard)),
                              log=context.log.warning, progress=progress)
         marker, skipped = fs.write_shard(shard, data, prov, mhash), False
     secs = time.perf_counter() - t0

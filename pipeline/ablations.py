@@ -28,6 +28,7 @@ from splavu_core.evaluation.suite import (DEFAULT_DATASETS, RAW, TASKS, _key, _s
                                           _write_json_atomic, add_derived, anonymize_videos, build_report,
                                           evaluate_feature_set, load_feature_sets, report_row)
 from splavu_core.store import FeatureStore
+from pipeline.inprocess import quiet
 
 VARIANTS: dict[str, dict] = {
     "loss_all": {}, "loss_no_lt": {"tasks": ()}, "loss_no_lb": {"w_b": 0.0}, "loss_no_llc": {"w_lc": 0.0},
@@ -216,11 +217,11 @@ def run_ablations(store, variants=None, epochs: int | None = None, config: dict 
     for v in names:
         t0 = time.perf_counter()
         res = dg.materialize([ablation_variant], partition_key=v, instance=instance, resources=resources,
-                             run_config={"ops": {"ablation_variant": {"config": cfg}}}, tags={"splavu/entry": "cli"})
+                             run_config=quiet({"ops": {"ablation_variant": {"config": cfg}}}), tags={"splavu/entry": "cli"})
         assert res.success, f"ablation variant {v} failed"
         if log:
             log(f"  {v:12s} done in {time.perf_counter() - t0:.0f} s")
     res = dg.materialize([ablation_report], instance=instance, resources=resources,
-                         run_config={"ops": {"ablation_report": {"config": cfg}}}, tags={"splavu/entry": "cli"})
+                         run_config=quiet({"ops": {"ablation_report": {"config": cfg}}}), tags={"splavu/entry": "cli"})
     assert res.success, "ablation_report failed"
     return json.loads((FeatureStore(root).root / "reports" / "ablations.json").read_text())

@@ -3,6 +3,11 @@
     splavu synth --scale demo --seed 0 --out data/synth     write the synthetic benchmark
     splavu ingest NAME MANIFEST [--shard-size N]            register a dataset, add its shards
     splavu extract [--dataset NAME ...]                     materialise latents of every shard
+    splavu train [--config JSON]                            train an AAM from cached latents
+    splavu publish [--version V]                            anonymized tables + DuckDB catalog
+    splavu evaluate                                         privacy-utility report (raw vs anonymized)
+    splavu ablations                                        the paper's ablations on the same latents
+    splavu sql "SELECT ..."  /  splavu neighbors VIDEO_ID   analysts: query the catalog read-only
     splavu demo                                             all of the above on the embedded default
 """
 from __future__ import annotations
@@ -16,6 +21,7 @@ from pathlib import Path
 
 from splavu_core.manifest import ManifestError
 from splavu_core.store import StoreError
+from pipeline.inprocess import quiet
 
 
 def _store_root(args) -> str:
@@ -83,14 +89,78 @@ def cmd_extract(args) -> int:
     return 0
 
 
+DEMO_AAM = {"epochs": 60}  # the rest: AAMTrainingConfig defaults (see README: how they were chosen)
+
+
+def _train_aam(store, config: dict) -> str:
+    import dagster as dg
+
+    from assets.aam import aam_model
+    from pipeline.runner import instance
+
+    res = dg.materialize([aam_model], instance=instance(), resources={"store": store},
+                         run_config=quiet({"ops": {"aam_model": {"config": config}}}), tags={"splavu/entry": "cli"})
+    md = res.asset_materializations_for_node("aam_model")[0].metadata
+    print(f"  AAM {md['version'].value}: {md['parameters'].value} parameters, selected epoch "
+          f"{md['selected_epoch'].value}, {md['train_seconds'].value:.0f} s (encoder never loaded)")
+    return md["version"].value
+
+
+def cmd_train(args) -> int:
+    from pipeline.resources import StoreResource
+
+    cfg = json.loads(args.config) if args.config else {}
+    _train_aam(StoreResource(root=_store_root(args)), cfg)
+    return 0
+
+
+def cmd_publish(args) -> int:
+    from pipeline.reanonymize import run_reanonymize
+    from pipeline.resources import StoreResource
+    from pipeline.runner import instance
+
+    out = run_reanonymize(instance(), StoreResource(root=_store_root(args)), version=args.version or "")
+    rows = sum(v["rows"] for v in out["shards"].values())
+    last = list(out["shards"].values())[-1]
+    print(f"  published {rows} anonymized clips of {len(out['shards'])} shards with AAM {out['version']}; "
+          f"current version: {last['current_version'] or 'none'} ({last['promotion']})")
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from assets.evaluation import run_evaluation
+    from pipeline.runner import instance
+
+    from splavu_core.catalog import build_catalog
+    from splavu_core.store import FeatureStore
+
+    root = _store_root(args)
+    run_evaluation(root, instance=instance())
+    build_catalog(FeatureStore(root))  # the metrics view now has files to read
+    print((Path(root) / "reports" / "privacy_utility.md").read_text())
+    return 0
+
+
+def cmd_ablations(args) -> int:
+    from pipeline.ablations import run_ablations
+    from pipeline.runner import instance
+
+    root = _store_root(args)
+    run_ablations(root, variants=args.variants, epochs=args.epochs, instance=instance())
+    print((Path(root) / "reports" / "ablations.md").read_text())
+    return 0
+
+
 def cmd_demo(args) -> int:
     from pipeline.resources import EncoderResource, StoreResource
     from pipeline.runner import ingest, instance
+    from splavu_core.catalog import format_table, query
     from splavu_core.synth.datasets import DATASETS
 
     data = Path(args.data)
     t0 = time.perf_counter()
     if not (data / "gait" / "manifest.csv").is_file() or args.regenerate:
+        print("1/6 synthesising the benchmark")
         cmd_synth(argparse.Namespace(out=str(data), scale=args.scale, seed=args.seed, workers=None,
                                      datasets=None, quiet=False))
     store = StoreResource(root=_store_root(args))
@@ -98,11 +168,23 @@ def cmd_demo(args) -> int:
     keys = []
     for name in DATASETS:
         keys += ingest(inst, store, name, str(data / name / "manifest.csv"), args.shard_size)
-    print(f"\nextracting latents of {len(keys)} shards into {store.root} (encoder: shipped demo VideoMAE)")
-    rows = _extract(store, EncoderResource(), keys)
-    n_clips = sum(r["clips"] for r in rows)
-    print(f"\n{n_clips} clip latents, {sum(r['quarantined'] for r in rows)} quarantined, "
-          f"{time.perf_counter() - t0:.0f} s in all")
+    print(f"\n2/6 extracting raw latents of {len(keys)} shards into {store.root} (shipped demo VideoMAE)")
+    rows = _extract(store, EncoderResource(static_datasets=["ar", "tad", "ad"]), keys)
+    print(f"  {sum(r['clips'] for r in rows)} clip latents, {sum(r['quarantined'] for r in rows)} quarantined "
+          f"[{time.perf_counter() - t0:.0f} s]")
+    print("\n3/6 training the anonymizing adapter from cached latents")
+    _train_aam(store, DEMO_AAM)
+    print(f"\n4/6 publishing anonymized feature tables and the DuckDB catalog [{time.perf_counter() - t0:.0f} s]")
+    cmd_publish(argparse.Namespace(store=store.root, version=None))
+    print(f"\n5/6 evaluating raw vs anonymized features [{time.perf_counter() - t0:.0f} s]")
+    cmd_evaluate(argparse.Namespace(store=store.root))
+    print("6/6 an analyst's query (read-only DuckDB catalog):")
+    sql = ("SELECT task, metric, feature_set, round(value, 3) AS value FROM metrics "
+           "WHERE metric IN ('top1', 'mAP', 'auc', 'cmap', 'leakage_removed') AND task IN ('ar', 'tad', 'ad', 'privacy') "
+           "ORDER BY task, metric, feature_set")
+    print(f"  splavu sql \"{sql}\"")
+    print(format_table(query(store.store(), sql)))
+    print(f"\ndone in {time.perf_counter() - t0:.0f} s; `splavu sql`, `splavu neighbors`, `dagster dev` to explore")
     return 0
 
 
@@ -137,6 +219,7 @@ def cmd_neighbors(args) -> int:
     return 0
 
 
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="splavu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", help="store root (default $SPLAVU_STORE or ./store)")
@@ -161,6 +244,22 @@ def main(argv=None) -> int:
     p.add_argument("--dataset", nargs="*")
     p.add_argument("--checkpoint", help="VideoMAE / V-JEPA 2 directory or hub id (default: the demo encoder)")
     p.set_defaults(fn=cmd_extract)
+
+    p = sub.add_parser("train", help="train an AAM from the store's cached latents (Dagster run)")
+    p.add_argument("--config", help="JSON of AAMTrainingConfig fields, e.g. '{\"epochs\": 30, \"w_lc\": 10}'")
+    p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("publish", help="anonymize every shard with an AAM version and rebuild the catalog")
+    p.add_argument("--version", help="AAM version (default: the newest)")
+    p.set_defaults(fn=cmd_publish)
+
+    p = sub.add_parser("evaluate", help="score raw vs anonymized features; write reports/privacy_utility.*")
+    p.set_defaults(fn=cmd_evaluate)
+
+    p = sub.add_parser("ablations", help="train and score the ablation variants; write reports/ablations.*")
+    p.add_argument("--variants", nargs="*")
+    p.add_argument("--epochs", type=int)
+    p.set_defaults(fn=cmd_ablations)
 
     p = sub.add_parser("demo", help="run the pipeline on the embedded synthetic benchmark")
     p.add_argument("--data", default="data/synth")

@@ -36,6 +36,7 @@ from assets.catalog import feature_catalog
 from pipeline.partitions import shards
 from pipeline.resources import StoreResource
 from splavu_core.publish import PublishError
+from pipeline.inprocess import quiet
 
 DEFAULT_CRON = "0 3 * * *"
 IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
@@ -193,12 +194,12 @@ def run_reanonymize(instance: dg.DagsterInstance, store: StoreResource, version:
     out = {"version": version, "shards": {}}
     for key in keys:
         res = dg.materialize([anonymized_features], instance=instance, partition_key=key,
-                             resources={"store": store}, run_config=anonymize_run_config(version, retention),
+                             resources={"store": store}, run_config=quiet(anonymize_run_config(version, retention)),
                              tags={"splavu/trigger": "cli", "splavu/aam_version": version})
         out["shards"][key] = {k: v.value for k, v in res.asset_materializations_for_node("anonymized_features")[0]
                               .metadata.items()}
     if catalog:
-        res = dg.materialize([feature_catalog], instance=instance, resources={"store": store},
+        res = dg.materialize([feature_catalog], instance=instance, resources={"store": store}, run_config=quiet(),
                              tags={"splavu/trigger": "cli"})
         out["catalog"] = {k: v.value for k, v in res.asset_materializations_for_node("feature_catalog")[0]
                           .metadata.items()}

@@ -35,6 +35,11 @@ class EncoderResource(dg.ConfigurableResource):
     target_fps: float | None = None
     static_k: int = 10
     static_splits: list[str] = ["train"]
+    static_datasets: list[str] = Field(default=[], description="datasets that get static latents (empty: all); "
+                                       "only the AAM's training datasets need them")
+
+    def static_splits_for(self, dataset: str) -> tuple[str, ...]:
+        return tuple(self.static_splits) if not self.static_datasets or dataset in self.static_datasets else ()
 
     def sampling(self) -> ClipSampling:
         return ClipSampling(clip_len=self.clip_len, frame_step=self.frame_step, target_fps=self.target_fps,

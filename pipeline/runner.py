@@ -13,6 +13,7 @@ from pipeline.definitions import defs
 from pipeline.partitions import shards
 from pipeline.resources import EncoderResource, StoreResource
 from splavu_core.registry import register_dataset
+from pipeline.inprocess import quiet
 
 
 def instance() -> dg.DagsterInstance:
@@ -45,5 +46,5 @@ def assets_for(*names: str):
 def materialize_shard(inst, shard: str, store: StoreResource, encoder: EncoderResource,
                       selection=("video_manifest", "clip_latents", "static_latents")) -> dg.ExecuteInProcessResult:
     assets, _ = assets_for(*selection)
-    return dg.materialize(assets, instance=inst, partition_key=shard, resources={"store": store, "encoder": encoder},
+    return dg.materialize(assets, instance=inst, partition_key=shard, resources={"store": store, "encoder": encoder}, run_config=quiet(),
                           selection=list(selection), tags={"splavu/entry": "cli"})

@@ -289,8 +289,8 @@ def read_versions(store: FeatureStore) -> pa.Table:
 
 
 def _write_versions(store: FeatureStore, rows: list[dict]) -> pa.Table:
-    if rows and not any(r["is_current"] for r in rows):
-        rows[-1]["is_current"] = True  # "exactly one current" holds as soon as one version exists
+    # at most one current; none until a version is promoted (published everywhere and within the privacy budget)
+    assert sum(bool(r["is_current"]) for r in rows) <= 1, "more than one current AAM version"
     table = pa.Table.from_pylist(rows, schema=VERSIONS_SCHEMA)
     write_parquet_atomic(table, versions_path(store))
     return table
@@ -302,7 +302,7 @@ def record_version(store: FeatureStore, version: str, meta: dict, metrics: dict 
 
     `meta` needs encoder_fingerprint and config (the adapter's JSON sidecar fits). Re-recording a
     version keeps its first created_at (retention orders by it) and replaces config/metrics.
-    With make_current=False the first version ever recorded still becomes current."""
+    With make_current=False the version is only recorded: it becomes current when promoted."""
     fp = meta.get("encoder_fingerprint")
     if store.encoder_fingerprint() is not None and fp != store.encoder_fingerprint():
         raise PublishError(f"AAM version {version} belongs to encoder {fp!r}, but the store {store.root} holds "

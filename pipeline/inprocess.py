@@ -1,0 +1,8 @@
+"""Settings for runs launched in-process by the CLI (they still land in $DAGSTER_HOME's run history)."""
+import os
+
+
+def quiet(run_config: dict | None = None) -> dict:
+    """Run config with Dagster's console logger at $SPLAVU_LOG_LEVEL (default WARNING) so the CLI stays readable."""
+    level = os.environ.get("SPLAVU_LOG_LEVEL", "WARNING").upper()
+    return {**(run_config or {}), "loggers": {"console": {"config": {"log_level": level}}}}
