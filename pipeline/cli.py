@@ -89,7 +89,7 @@ def cmd_extract(args) -> int:
     return 0
 
 
-DEMO_AAM = {"epochs": 60}  # the rest: AAMTrainingConfig defaults (see README: how they were chosen)
+DEMO_AAM: dict = {}  # AAMTrainingConfig defaults (README: how they were chosen)
 
 
 def _train_aam(store, config: dict) -> str:
@@ -134,8 +134,12 @@ def cmd_evaluate(args) -> int:
     from splavu_core.catalog import build_catalog
     from splavu_core.store import FeatureStore
 
+    from splavu_core.evaluation.suite import newest_version
+
     root = _store_root(args)
-    run_evaluation(root, instance=instance())
+    # the newest version is scored even when the privacy budget kept it from becoming current
+    version = getattr(args, "version", None) or newest_version(FeatureStore(root))
+    run_evaluation(root, config={"aam_version": version} if version else None, instance=instance())
     build_catalog(FeatureStore(root))  # the metrics view now has files to read
     print((Path(root) / "reports" / "privacy_utility.md").read_text())
     return 0
@@ -177,7 +181,7 @@ def cmd_demo(args) -> int:
     print(f"\n4/6 publishing anonymized feature tables and the DuckDB catalog [{time.perf_counter() - t0:.0f} s]")
     cmd_publish(argparse.Namespace(store=store.root, version=None))
     print(f"\n5/6 evaluating raw vs anonymized features [{time.perf_counter() - t0:.0f} s]")
-    cmd_evaluate(argparse.Namespace(store=store.root))
+    cmd_evaluate(argparse.Namespace(store=store.root, version=None))
     print("6/6 an analyst's query (read-only DuckDB catalog):")
     sql = ("SELECT task, metric, feature_set, round(value, 3) AS value FROM metrics "
            "WHERE metric IN ('top1', 'mAP', 'auc', 'cmap', 'leakage_removed') AND task IN ('ar', 'tad', 'ad', 'privacy') "
@@ -254,6 +258,7 @@ def main(argv=None) -> int:
     p.set_defaults(fn=cmd_publish)
 
     p = sub.add_parser("evaluate", help="score raw vs anonymized features; write reports/privacy_utility.*")
+    p.add_argument("--version", help="AAM version (default: the newest)")
     p.set_defaults(fn=cmd_evaluate)
 
     p = sub.add_parser("ablations", help="train and score the ablation variants; write reports/ablations.*")
