@@ -196,10 +196,12 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
     assert v(raw, "privacy", "chance_cmap") == v(anon, "privacy", "chance_cmap")
     raw_c, anon_c, chance = v(raw, "privacy", "cmap"), v(anon, "privacy", "cmap"), v(raw, "privacy", "chance_cmap")
     assert v(anon, "privacy", "leakage_removed") == pytest.approx((raw_c - anon_c) / (raw_c - chance))
-    # tiny benchmark: no bias_m dataset, and bias_f's test split has a single group -> both skipped, and said
+    # tiny store: no bias_m dataset -> skipped, and said; bias_f is scored, its gap from the per-group accuracies
     md = res.asset_materializations_for_node("bias_eval")[0].metadata
     skipped = md["skipped"].value
-    assert "not in the store" in skipped["bias_m"] and "groups" in skipped["bias_f"]
+    assert "not in the store" in skipped["bias_m"] and "bias_f" not in skipped
+    for rows in (raw, anon):
+        assert v(rows, "bias_f", "gap") == pytest.approx(abs(v(rows, "bias_f", "acc_f") - v(rows, "bias_f", "acc_m")))
     pmd = res.asset_materializations_for_node("privacy_attack_eval")[0].metadata
     assert pmd["splavu/privacy/cmap"].value == pytest.approx(anon_c) and pmd["aam_version"].value == version
 
@@ -211,7 +213,7 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
     r, s = report["rows"]
     assert tuple(r) == suite.REPORT_KEYS and set(s) == set(suite.REPORT_KEYS) | set(suite.DERIVED_KEYS)
     assert r["privacy_cmap"] == raw_c and s["privacy_cmap"] == anon_c and s["ar_top1"] == v(anon, "ar", "top1")
-    assert r["bias_f_gap"] is None and r["bias_m_gap"] is None
+    assert r["bias_f_gap"] == v(raw, "bias_f", "gap") and r["bias_m_gap"] is None  # bias_m: not in the store
     assert s["leakage_removed"] == pytest.approx(v(anon, "privacy", "leakage_removed"))
     table = (root / "reports" / "privacy_utility.md").read_text()
     for key in ("privacy_cmap", "ar_top1", "tad_map", "ad_auc", "gait_top1"):
