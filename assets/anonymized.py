@@ -14,11 +14,9 @@ So a manual rollback (publish.set_current to an older version) stands: publishin
 version for a new shard later does not silently undo it. Use set_current to switch explicitly.
 """
 
-import fcntl
 import json
 import os
 import uuid
-from contextlib import contextmanager
 from datetime import datetime, timezone
 
 import dagster as dg
@@ -116,15 +114,6 @@ def _created(store: FeatureStore, version: str | None):
     return rows[0]["created_at"] if rows else datetime.min.replace(tzinfo=timezone.utc)
 
 
-@contextmanager
-def _lock(store: FeatureStore, name: str):
-    with open(store.root / f".{name}.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
 
 def maybe_promote(store: FeatureStore, version: str) -> tuple[bool, str]:
     """Make `version` current if every registered shard now has a complete table for it (see module doc).
@@ -136,7 +125,7 @@ def maybe_promote(store: FeatureStore, version: str) -> tuple[bool, str]:
     missing = missing or [s for s in todo if not table_complete(store, version, s)]
     if missing:
         return current_version(store) == version, f"{len(todo) - len(missing)}/{len(todo)} registered shards published"
-    with _lock(store, "aam_promotions"):
+    with store.lock("aam_promotions"):
         cur = current_version(store)
         if cur == version:
             return True, "already current"

@@ -15,13 +15,11 @@ Retention: `apply_retention` keeps the newest N versions plus the current one; `
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 import time
 import uuid
-from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -95,17 +93,6 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
-
-@contextmanager
-def _store_lock(store: FeatureStore, name: str):
-    """An advisory lock serialising read-modify-write of one small table (POSIX flock)."""
-    store.root.mkdir(parents=True, exist_ok=True)
-    with open(store.root / f".{name}.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # ---------------------------------------------------------------- guards
@@ -309,7 +296,7 @@ def record_version(store: FeatureStore, version: str, meta: dict, metrics: dict 
                            f"latents of encoder {store.encoder_fingerprint()!r}")
     if meta.get("version") not in (None, version):
         raise PublishError(f"meta describes AAM version {meta['version']}, not {version}")
-    with _store_lock(store, "aam_versions"):
+    with store.lock("aam_versions"):
         rows = read_versions(store).to_pylist()
         old = next((r for r in rows if r["version"] == version), None)
         row = {"version": version, "encoder_fingerprint": fp,
@@ -326,7 +313,7 @@ def record_version(store: FeatureStore, version: str, meta: dict, metrics: dict 
 
 def set_current(store: FeatureStore, version: str) -> None:
     """Make an already recorded version the current one (e.g. roll back)."""
-    with _store_lock(store, "aam_versions"):
+    with store.lock("aam_versions"):
         rows = read_versions(store).to_pylist()
         if version not in {r["version"] for r in rows}:
             raise PublishError(f"AAM version {version} is not recorded in {versions_path(store)}")
@@ -354,7 +341,7 @@ def apply_retention(store: FeatureStore, keep: int) -> dict:
     are never touched. A table is also kept when it is the last copy of a shard whose raw latents
     were purged (deleting it would lose that shard for good)."""
     assert keep >= 1, f"keep must be >= 1, got {keep}"
-    with _store_lock(store, "aam_versions"):
+    with store.lock("aam_versions"):
         rows = sorted(read_versions(store).to_pylist(), key=lambda r: r["created_at"], reverse=True)
         kept = {r["version"] for r in rows[:keep]} | {r["version"] for r in rows if r["is_current"]}
         recorded = {r["version"] for r in rows}

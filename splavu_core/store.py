@@ -17,11 +17,13 @@ into place, so a killed process leaves nothing half-written that readers could s
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +73,17 @@ def write_parquet_atomic(table: pa.Table, path: Path) -> None:
 class FeatureStore:
     def __init__(self, root: str | os.PathLike | None = None):
         self.root = Path(root or default_root())
+
+    @contextmanager
+    def lock(self, name: str):
+        """Advisory lock (POSIX flock) serialising read-modify-write of one small table of this store."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / f".{name}.lock", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
 
     # ---------------------------------------------------------------- encoder identity
     @property

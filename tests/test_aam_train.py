@@ -4,7 +4,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import dagster as dg
 import numpy as np
 import pytest
 import torch

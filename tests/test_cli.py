@@ -1,5 +1,4 @@
 """The `splavu` command line, run as a user would (in-process main())."""
-import pytest
 
 from pipeline.cli import main
 

@@ -1,6 +1,5 @@
 """Latent extraction into the store: quarantine, atomic shard commit, idempotence, concurrency, sensor."""
 import hashlib
-import json
 import os
 import shutil
 import signal

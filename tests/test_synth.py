@@ -1,5 +1,4 @@
 """The synthetic benchmark: determinism, real H.264 decoded by decord, dataset contents."""
-import json
 
 import numpy as np
 import pytest

@@ -21,7 +21,6 @@ No dagster here.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import json
 import math
@@ -29,7 +28,6 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -275,16 +273,6 @@ def metrics_path(store: FeatureStore, feature_set: str, aam_version: str | None)
     return store.root / "metrics" / f"{_safe(feature_set)}-{_safe(aam_version or RAW)}.parquet"
 
 
-@contextmanager
-def _lock(store: FeatureStore, name: str):
-    store.root.mkdir(parents=True, exist_ok=True)
-    with open(store.root / f".{name}.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
 
 def metrics_table(rows: Sequence[dict]) -> pa.Table:
     return pa.Table.from_pylist([{k: r[k] for k in METRICS_SCHEMA.names} for r in rows], schema=METRICS_SCHEMA)
@@ -299,7 +287,7 @@ def write_metric_rows(store: FeatureStore, rows: Sequence[dict]) -> list[Path]:
     for r in rows:
         groups.setdefault((r["feature_set"], r["aam_version"]), []).append(r)
     paths = []
-    with _lock(store, "metrics"):
+    with store.lock("metrics"):
         for (feature_set, version), new in groups.items():
             p = metrics_path(store, feature_set, version)
             tasks = {r["task"] for r in new}
