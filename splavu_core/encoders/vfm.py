@@ -90,7 +90,9 @@ def _config_json(cfg) -> str:
 def load_encoder(source: str | os.PathLike = DEMO_CHECKPOINT, device: str = "auto", threads: int | None = None) -> FrozenEncoder:
     """Load a VideoMAE or V-JEPA 2 checkpoint: a `save_pretrained` directory or (online) a hub id."""
     from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # one bar per shard drowns the CLI's own progress
     if threads:
         torch.set_num_threads(threads)
     source = str(source)
