@@ -34,10 +34,9 @@ UTILITY_RETENTION_ENV = "SPLAVU_UTILITY_RETENTION"
 DEFAULT_UTILITY_RETENTION = 0.97
 
 
-class EvalConfig(dg.Config):
-    """Which features and datasets to score, and probe lengths (defaults: DESIGN.md section 4)."""
+class ProbeSettings(dg.Config):
+    """Which dataset serves each task and how long each fresh probe trains (defaults: DESIGN.md section 4)."""
 
-    aam_version: str = Field(default="", description="AAM version of the 'splavu' set (default: the current one)")
     ar_dataset: str = DEFAULT_DATASETS["ar"]
     tad_dataset: str = DEFAULT_DATASETS["tad"]
     ad_dataset: str = DEFAULT_DATASETS["ad"]
@@ -49,15 +48,22 @@ class EvalConfig(dg.Config):
     tad_epochs: int = 20
     ad_epochs: int = 50
     privacy_epochs: int = 100
-    seed: int = 0
 
     def datasets(self) -> dict[str, str]:
         return {t: getattr(self, f"{t}_dataset") for t in DEFAULT_DATASETS}
 
-    def probe_kwargs(self) -> dict[str, dict]:
-        return {"ar": {"epochs": self.ar_epochs, "seed": self.seed}, "bias": {"epochs": self.ar_epochs, "seed": self.seed},
-                "tad": {"epochs": self.tad_epochs, "seed": self.seed}, "ad": {"epochs": self.ad_epochs, "seed": self.seed},
-                "privacy": {"epochs": self.privacy_epochs, "seed": self.seed}}
+    def probe_kwargs(self, seed: int | None = None) -> dict[str, dict]:
+        extra = {} if seed is None else {"seed": seed}
+        epochs = {"ar": self.ar_epochs, "bias": self.ar_epochs, "tad": self.tad_epochs, "ad": self.ad_epochs,
+                  "privacy": self.privacy_epochs}
+        return {task: {"epochs": n, **extra} for task, n in epochs.items()}
+
+
+class EvalConfig(ProbeSettings):
+    """Which features to score; datasets and probe lengths come from ProbeSettings."""
+
+    aam_version: str = Field(default="", description="AAM version of the 'splavu' set (default: the current one)")
+    seed: int = 0
 
 
 def _version(fs, requested: str) -> str:
@@ -74,7 +80,7 @@ def evaluate_tasks(context, store: StoreResource, config: EvalConfig, tasks: tup
     """Score `tasks` on raw and on the anonymized features of the (current) version; write the metric rows."""
     fs = store.store()
     version = _version(fs, config.aam_version)
-    datasets, kw = config.datasets(), config.probe_kwargs()
+    datasets, kw = config.datasets(), config.probe_kwargs(config.seed)
     raw = load_feature_sets(fs, tasks, "raw", datasets=datasets)
     anon = load_feature_sets(fs, tasks, "anonymized", version=version, datasets=datasets)
     log = context.log.info

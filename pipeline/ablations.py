@@ -22,9 +22,10 @@ from pathlib import Path
 import dagster as dg
 
 from assets.aam import AAMTrainingConfig
+from assets.evaluation import ProbeSettings
 from pipeline.resources import StoreResource
 from splavu_core.evaluation.report import ablation_markdown, write_ablation_report
-from splavu_core.evaluation.suite import (DEFAULT_DATASETS, RAW, TASKS, _key, _safe, _shard_state,
+from splavu_core.evaluation.suite import (RAW, TASKS, _key, _safe, _shard_state,
                                           _write_json_atomic, add_derived, anonymize_videos, build_report,
                                           evaluate_feature_set, load_feature_sets, report_row)
 from splavu_core.store import FeatureStore
@@ -44,25 +45,10 @@ GROUPS: dict[str, list[str]] = {
 ablation_variants = dg.StaticPartitionsDefinition(list(VARIANTS))
 
 
-class AblationConfig(AAMTrainingConfig):
+class AblationConfig(AAMTrainingConfig, ProbeSettings):
     """The base AAM config (every variant is a delta on it) + head pretraining + probe settings."""
 
     pretrain_head_epochs: int = 30
-    privacy_dataset: str = DEFAULT_DATASETS["privacy"]
-    bias_f_dataset: str = DEFAULT_DATASETS["bias_f"]
-    bias_m_dataset: str = DEFAULT_DATASETS["bias_m"]
-    gait_dataset: str = DEFAULT_DATASETS["gait"]
-    ar_epochs: int = 60
-    tad_epochs: int = 20
-    ad_epochs: int = 50
-    privacy_epochs: int = 100
-
-    def datasets(self) -> dict[str, str]:
-        return {t: getattr(self, f"{t}_dataset") for t in DEFAULT_DATASETS}
-
-    def probe_kwargs(self) -> dict[str, dict]:
-        return {"ar": {"epochs": self.ar_epochs}, "bias": {"epochs": self.ar_epochs}, "tad": {"epochs": self.tad_epochs},
-                "ad": {"epochs": self.ad_epochs}, "privacy": {"epochs": self.privacy_epochs}}
 
     def variant_train_config(self, variant: str):
         if variant not in VARIANTS:
