@@ -76,11 +76,12 @@ def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, stor
     adapter, acfg, summary = train_aam(data, config.train_config(), log=context.log.info)
     fingerprint = fs.encoder_fingerprint()
     version = adapter_version(adapter, acfg, fingerprint)  # content hash: same weights, same version
-    final = fs.root / "aam" / version
-    save_adapter(adapter, acfg, final, fingerprint, extra={k: v for k, v in summary.items() if k != "history"})
-    (final / "history.json").write_text(json.dumps(summary["history"]) + "\n")
+    final = fs.loc("aam", version)
+    save_adapter(adapter, acfg, final, fingerprint, extra={k: v for k, v in summary.items() if k != "history"},
+                 storage_options=getattr(fs.fs, "storage_options", None))
+    fs.fs.put_atomic(f"aam/{version}/history.json", (json.dumps(summary["history"]) + "\n").encode())
     png = loss_curve_png(summary["history"])
-    (final / "loss_curves.png").write_bytes(png)
+    fs.fs.put_atomic(f"aam/{version}/loss_curves.png", png)
     from splavu_core.publish import record_version
 
     record_version(fs, version, {"encoder_fingerprint": fingerprint, "config": acfg.to_dict()},

@@ -14,19 +14,15 @@ So a manual rollback (publish.set_current to an older version) stands: publishin
 version for a new shard later does not silently undo it. Use set_current to switch explicitly.
 """
 
-import json
-import os
-import uuid
 from datetime import datetime, timezone
 
 import dagster as dg
-import pyarrow.parquet as pq
 from pydantic import Field
 
 from pipeline.partitions import shards
 from pipeline.resources import StoreResource
-from splavu_core.publish import (PublishError, anonymize_shard, anonymized_path, apply_retention, current_version,
-                                 read_versions, set_current, versions_path)
+from splavu_core.publish import (PublishError, anonymize_shard, apply_retention, current_version, published_rows,
+                                 published_shards, read_versions, set_current, versions_path)
 from splavu_core.evaluation.suite import passes_privacy_budget
 from splavu_core.registry import registered
 from splavu_core.store import FeatureStore
@@ -58,11 +54,11 @@ def resolve_version(store: FeatureStore, requested: str = "") -> str:
                                f"(anonymized tables are only ever published through a trained adapter)")
         return newest_version(store)
     if requested not in known:
-        meta_path = adapter_dir(store, requested) / "adapter.json"
-        if meta_path.is_file():  # an adapter copied in by hand: name the real problem if it is another encoder's
-            have, want = json.loads(meta_path.read_text()).get("encoder_fingerprint"), store.encoder_fingerprint()
+        meta_key = f"aam/{requested}/adapter.json"
+        if store.fs.isfile(meta_key):  # an adapter copied in by hand: name the real problem if it is another encoder's
+            have, want = store.fs.read_json(meta_key).get("encoder_fingerprint"), store.encoder_fingerprint()
             if have != want:
-                raise PublishError(f"adapter {meta_path.parent} (version {requested}) was trained on latents of "
+                raise PublishError(f"adapter {adapter_dir(store, requested)} (version {requested}) was trained on latents of "
                                    f"encoder {have!r}, but the store {store.root} holds latents of encoder {want!r}; "
                                    f"refusing to mix them")
         raise PublishError(f"AAM version {requested!r} is not recorded in {versions_path(store)} "
@@ -71,19 +67,14 @@ def resolve_version(store: FeatureStore, requested: str = "") -> str:
 
 
 def adapter_dir(store: FeatureStore, version: str):
-    return store.root / "aam" / version
+    return store.loc("aam", version)
 
 
 def table_complete(store: FeatureStore, version: str, shard: str) -> bool:
     """True when anonymized/<version>/<shard>.parquet reads and holds one row per committed clip."""
     commit = store.committed(shard)
-    path = anonymized_path(store, version, shard)
-    if commit is None or not path.is_file():
-        return False
-    try:
-        return pq.ParquetFile(path).metadata.num_rows == commit["clips"]
-    except Exception:  # unreadable footer: treat as absent, the asset rewrites it
-        return False
+    # an absent file or an unreadable footer counts as absent: the asset rewrites it
+    return commit is not None and published_rows(store, version, shard) == commit["clips"]
 
 
 def shards_lacking(store: FeatureStore, version: str, candidates: list[str] | None = None) -> list[str]:
@@ -93,8 +84,10 @@ def shards_lacking(store: FeatureStore, version: str, candidates: list[str] | No
 
 
 def promoted_versions(store: FeatureStore) -> dict[str, str]:
-    p = store.root / PROMOTIONS_FILE
-    return json.loads(p.read_text()) if p.is_file() else {}
+    try:
+        return store.fs.read_json(PROMOTIONS_FILE)
+    except FileNotFoundError:
+        return {}
 
 
 def target_versions(store: FeatureStore) -> list[str]:
@@ -119,8 +112,7 @@ def maybe_promote(store: FeatureStore, version: str) -> tuple[bool, str]:
     """Make `version` current if every registered shard now has a complete table for it (see module doc).
     Returns (is_current_now, why)."""
     todo = registered_shards(store)
-    d = anonymized_path(store, version, "_").parent
-    present = {p.stem for p in d.glob("*.parquet")} if d.is_dir() else set()
+    present = published_shards(store, version)
     missing = [s for s in todo if s not in present]  # cheap first: no footer read while files are missing
     missing = missing or [s for s in todo if not table_complete(store, version, s)]
     if missing:
@@ -140,10 +132,7 @@ def maybe_promote(store: FeatureStore, version: str) -> tuple[bool, str]:
             return False, f"complete, but not made current: {why}"
         set_current(store, version)
         done[version] = datetime.now(timezone.utc).isoformat()
-        p = store.root / PROMOTIONS_FILE
-        tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex[:8]}.part")
-        tmp.write_text(json.dumps(done, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, p)
+        store.fs.write_json(PROMOTIONS_FILE, done)
         return True, f"all {len(todo)} registered shards published: now current (was {cur})"
 
 

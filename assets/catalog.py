@@ -11,11 +11,10 @@ from datetime import datetime, timezone
 
 import dagster as dg
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline.resources import StoreResource
 from splavu_core.catalog import RUNS_SCHEMA, build_catalog
-from splavu_core.store import FeatureStore, write_parquet_atomic
+from splavu_core.store import FeatureStore
 
 TERMINAL = {"SUCCESS", "FAILURE", "CANCELED"}
 MAX_RUNS = 1000  # newest runs copied per build (older ones were copied by earlier builds)
@@ -27,20 +26,19 @@ def _ts(epoch: float | None):
 
 def record_runs(store: FeatureStore, instance: dg.DagsterInstance, limit: int = MAX_RUNS) -> int:
     """Write <root>/runs/<run_id>.parquet for the instance's newest `limit` runs; returns files written."""
-    out = store.root / "runs"
     written = 0
     for rec in instance.get_run_records(limit=limit):
         run = rec.dagster_run
-        path = out / f"{run.run_id}.parquet"
-        if path.is_file():
+        key = f"runs/{run.run_id}.parquet"
+        if store.fs.isfile(key):
             try:
-                if pq.read_table(path, columns=["status"])["status"][0].as_py() in TERMINAL:
+                if store.fs.read_parquet(key, columns=["status"])["status"][0].as_py() in TERMINAL:
                     continue  # final already
             except Exception:
                 pass  # unreadable: rewrite it
         row = {"run_id": run.run_id, "job": run.job_name, "status": run.status.value,
                "started_at": _ts(rec.start_time), "finished_at": _ts(rec.end_time)}
-        write_parquet_atomic(pa.Table.from_pylist([row], schema=RUNS_SCHEMA), path)
+        store.fs.write_parquet(key, pa.Table.from_pylist([row], schema=RUNS_SCHEMA))
         written += 1
     return written
 

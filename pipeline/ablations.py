@@ -15,9 +15,7 @@ train once: the result is cached per config in <root>/reports/ablations/by_confi
 """
 
 import dataclasses
-import json
 import time
-from pathlib import Path
 
 import dagster as dg
 
@@ -26,7 +24,7 @@ from assets.evaluation import ProbeSettings
 from pipeline.resources import StoreResource
 from splavu_core.evaluation.report import ablation_markdown, write_ablation_report
 from splavu_core.evaluation.suite import (RAW, TASKS, _key, _safe, _shard_state,
-                                          _write_json_atomic, add_derived, anonymize_videos, build_report,
+                                          add_derived, anonymize_videos, build_report,
                                           evaluate_feature_set, load_feature_sets, report_row)
 from splavu_core.store import FeatureStore
 from pipeline.inprocess import quiet
@@ -59,8 +57,18 @@ class AblationConfig(AAMTrainingConfig, ProbeSettings):
 
 # ---------------------------------------------------------------- library side (no dagster context needed)
 
-def ablations_dir(fs: FeatureStore) -> Path:
-    return fs.root / "reports" / "ablations"
+ABLATIONS = "reports/ablations"  # key of the ablation records in the store
+
+
+def ablations_dir(fs: FeatureStore):
+    return fs.loc(ABLATIONS)
+
+
+def _read_record(fs: FeatureStore, key: str) -> dict | None:
+    try:
+        return fs.fs.read_json(key)
+    except FileNotFoundError:
+        return None
 
 
 def _jsonable_rows(rows) -> list[dict]:
@@ -79,12 +87,12 @@ def raw_baseline(fs: FeatureStore, config: AblationConfig, raw=None, log=None) -
     datasets, kw = config.datasets(), config.probe_kwargs()
     key = _key({"probe": kw, "datasets": datasets, "shards": _eval_shards(fs, datasets),
                 "fingerprint": fs.encoder_fingerprint()})
-    path = ablations_dir(fs) / "raw" / f"{key}.json"
-    if path.is_file():
-        return json.loads(path.read_text())["metric_rows"], key
+    path = f"{ABLATIONS}/raw/{key}.json"
+    if (hit := _read_record(fs, path)) is not None:
+        return hit["metric_rows"], key
     raw = raw if raw is not None else load_feature_sets(fs, TASKS, "raw", datasets=datasets)
     rows = evaluate_feature_set(raw, RAW, None, which=TASKS, datasets=datasets, probe_kwargs=kw, log=log)
-    _write_json_atomic({"key": key, "metric_rows": _jsonable_rows(rows), "skipped": rows.skipped}, path)
+    fs.fs.write_json(path, {"key": key, "metric_rows": _jsonable_rows(rows), "skipped": rows.skipped})
     return _jsonable_rows(rows), key
 
 
@@ -100,9 +108,9 @@ def run_variant(fs: FeatureStore, variant: str, config: AblationConfig, log=None
     train_cfg = dataclasses.asdict(cfg)
     key = _key({"train": train_cfg, "train_datasets": [config.ar_dataset, config.tad_dataset, config.ad_dataset],
                 "raw_key": raw_key})
-    by_config = ablations_dir(fs) / "by_config" / f"{key}.json"
-    if by_config.is_file():
-        rec = {**json.loads(by_config.read_text()), "name": variant, "reused": True}
+    by_config = f"{ABLATIONS}/by_config/{key}.json"
+    if (hit := _read_record(fs, by_config)) is not None:
+        rec = {**hit, "name": variant, "reused": True}
     else:
         t0 = time.perf_counter()
         data = load_training_data(fs, config.ar_dataset, config.tad_dataset, config.ad_dataset)
@@ -116,9 +124,9 @@ def run_variant(fs: FeatureStore, variant: str, config: AblationConfig, log=None
                "final_losses": summary["final"], "train_seconds": summary["seconds"],
                "seconds": round(time.perf_counter() - t0, 2), "metric_rows": _jsonable_rows(rows),
                "skipped": rows.skipped, "reused": False}
-        _write_json_atomic(rec, by_config)
+        fs.fs.write_json(by_config, rec)
     rec["row"] = add_derived(report_row(RAW, raw_rows), report_row(variant, rec["metric_rows"]))
-    _write_json_atomic(rec, ablations_dir(fs) / "variants" / f"{_safe(variant)}.json")
+    fs.fs.write_json(f"{ABLATIONS}/variants/{_safe(variant)}.json", rec)
     return rec
 
 
@@ -127,11 +135,10 @@ def collect_report(fs: FeatureStore, config: AblationConfig, log=None) -> tuple[
     raw_rows, raw_key = raw_baseline(fs, config, log=log)
     variants, stale, missing = {}, [], []
     for name in VARIANTS:
-        p = ablations_dir(fs) / "variants" / f"{_safe(name)}.json"
-        if not p.is_file():
+        rec = _read_record(fs, f"{ABLATIONS}/variants/{_safe(name)}.json")
+        if rec is None:
             missing.append(name)
             continue
-        rec = json.loads(p.read_text())
         if rec.get("raw_key") != raw_key:  # other latents or probe settings: not comparable
             stale.append(name)
             continue
@@ -210,4 +217,4 @@ def run_ablations(store, variants=None, epochs: int | None = None, config: dict 
     res = dg.materialize([ablation_report], instance=instance, resources=resources,
                          run_config=quiet({"ops": {"ablation_report": {"config": cfg}}}), tags={"splavu/entry": "cli"})
     assert res.success, "ablation_report failed"
-    return json.loads((FeatureStore(root).root / "reports" / "ablations.json").read_text())
+    return FeatureStore(root).fs.read_json("reports/ablations.json")

@@ -141,7 +141,7 @@ def cmd_evaluate(args) -> int:
     version = getattr(args, "version", None) or newest_version(FeatureStore(root))
     run_evaluation(root, config={"aam_version": version} if version else None, instance=instance())
     build_catalog(FeatureStore(root))  # the metrics view now has files to read
-    print((Path(root) / "reports" / "privacy_utility.md").read_text())
+    print(FeatureStore(root).fs.read_text("reports/privacy_utility.md"))
     return 0
 
 
@@ -150,8 +150,9 @@ def cmd_ablations(args) -> int:
     from pipeline.runner import instance
 
     root = _store_root(args)
+    from splavu_core.store import FeatureStore
     run_ablations(root, variants=args.variants, epochs=args.epochs, instance=instance())
-    print((Path(root) / "reports" / "ablations.md").read_text())
+    print(FeatureStore(root).fs.read_text("reports/ablations.md"))
     return 0
 
 

@@ -10,7 +10,9 @@ from splavu_core.store import FeatureStore, default_root
 
 
 class StoreResource(dg.ConfigurableResource):
-    """The store root (a local path; `SPLAVU_STORE` overrides the default ./store)."""
+    """The store root: a local path or an fsspec URL such as s3://bucket/prefix (`SPLAVU_STORE` overrides the
+    default ./store; credentials and endpoint from the standard AWS variables and `SPLAVU_STORAGE_OPTIONS`,
+    see splavu_core/storefs.py). The inbox is always a local folder: set `inbox` for an object-store root."""
 
     root: str = Field(default_factory=default_root)
     inbox: str = Field(default="", description="folder watched for new datasets (default <root>/inbox)")

@@ -18,12 +18,22 @@ purges empty a glob (DuckDB errors on a glob that matches nothing).
 
 Rebuilds write a new file and os.replace it over catalog.duckdb: an analyst holding a read-only
 connection keeps reading the old file, and a crash mid-build leaves the old catalog in place.
+
+Object-store roots (s3://..., see storefs.py): DuckDB cannot open a database file on an object store,
+so catalog.duckdb lives in a local cache folder, `$SPLAVU_CATALOG_DIR/<store>/catalog.duckdb`
+(default `~/.cache/splavu/catalogs/`), built the same way; storage.parquet stays in the store. Its views
+read the store's Parquet through the store's own fsspec filesystem, registered on each connection
+(`con.register_filesystem`: no httpfs extension needed), so open it with `splavu sql` / query() /
+neighbors(), or register the same filesystem yourself. `clips` and `quarantine` list the committed
+attempt of each shard explicitly (a glob would also match uncommitted attempts), so on an object store
+new shards appear there after a rebuild (the refresh_catalog_sensor rebuilds after each batch).
 """
 from __future__ import annotations
 
 import csv
-import glob
+import hashlib
 import io
+import re
 import json
 import math
 import os
@@ -34,10 +44,9 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from .publish import VERSIONS_SCHEMA, anonymized_dir, current_version, read_versions
-from .store import CLIP_INDEX_SCHEMA, QUARANTINE_SCHEMA, FeatureStore, StoreError, write_parquet_atomic
+from .publish import VERSIONS_KEY, VERSIONS_SCHEMA, anonymized_key, current_version, read_versions
+from .store import CLIP_INDEX_SCHEMA, QUARANTINE_SCHEMA, FeatureStore, StoreError
 
 CATALOG_FILE = "catalog.duckdb"
 STALE_TEMP_S = 3600  # temp catalogs older than this were left by a crashed build
@@ -54,15 +63,26 @@ STORAGE_SCHEMA = pa.schema([("kind", pa.string()), ("shard", pa.string()), ("aam
                             ("path", pa.string()), ("bytes", pa.int64())])
 
 SHARD_FROM_FILE = r"regexp_extract(filename, '([^/]+)\.parquet$', 1)"
-SHARD_FROM_DIR = r"regexp_extract(filename, '/([^/]+)/[^/]+\.parquet$', 1)"
+SHARD_FROM_DIR = r"regexp_extract(filename, '/([^/]+)/(attempts/[^/]+/)?[^/]+\.parquet$', 1)"  # latents/<shard>/[attempts/<id>/]x
 
 
 class CatalogError(StoreError):
     pass
 
 
+def catalog_dir(store: FeatureStore) -> Path:
+    """The store root itself, or for an object store a local cache folder named after its URL."""
+    if store.local:
+        return store.root
+    base = os.environ.get("SPLAVU_CATALOG_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "splavu", "catalogs")
+    url = store.fs.url
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", url)[:80] + "-" + hashlib.sha256(url.encode()).hexdigest()[:8]
+    return Path(base) / name
+
+
 def catalog_path(store: FeatureStore) -> Path:
-    return store.root / CATALOG_FILE
+    return catalog_dir(store) / CATALOG_FILE
 
 
 # ---------------------------------------------------------------- SQL helpers
@@ -100,13 +120,20 @@ def _dataset_sql(shard_expr: str) -> str:
     return f"regexp_extract({shard_expr}, '^(.*)-[0-9]+$', 1)"
 
 
-def _parquet_view(con, name: str, pattern: Path | None, select: str, empty: str) -> int:
+def _parquet_view(con, name: str, store: FeatureStore, pattern: str | list[str] | None, select: str, empty: str) -> int:
     """CREATE VIEW name over read_parquet(pattern) if any file matches now, else over `empty`.
-    `select` is formatted with {src} = the read_parquet(...) call. Returns the files matched."""
+    `pattern` is a key glob of the store, or an explicit list of keys. `select` is formatted with
+    {src} = the read_parquet(...) call. Returns the files matched."""
     import duckdb
 
-    files = sorted(glob.glob(str(pattern))) if pattern else []  # like DuckDB's glob, but `*` skips hidden names (temp files)
-    src = f"read_parquet({_lit(pattern)}, union_by_name=true, filename=true)"
+    if isinstance(pattern, list):
+        files = pattern
+        arg = "[" + ", ".join(_lit(store.fs.duck_url(k)) for k in files) + "]"
+    else:
+        files = store.fs.match(pattern) if pattern else []  # like DuckDB's glob, but `*` skips hidden names (temp files)
+        arg = _lit(store.fs.duck_url(pattern)) if pattern else "''"
+        pattern = store.loc(pattern) if pattern else None
+    src = f"read_parquet({arg}, union_by_name=true, filename=true)"
     try:
         con.sql(f"CREATE OR REPLACE VIEW {name} AS {select.format(src=src) if files else empty}")
         con.sql(f"SELECT count(*) FROM {name}").fetchall()  # reads every footer: a broken file fails the build here
@@ -125,7 +152,9 @@ def _classify(rel: Path) -> tuple[str, str | None, str | None]:
     if top == "latents":
         if parts[1].startswith("."):
             return "staging", None, None
-        return ("raw_latents" if len(parts) > 2 and parts[2] == "latents.zarr" else "raw_index"), parts[1], None
+        return ("raw_latents" if "latents.zarr" in parts[2:] else "raw_index"), parts[1], None
+    if top == "_locks":
+        return "store_meta", None, None
     if top == "anonymized" and len(parts) == 3:
         return "anonymized", Path(parts[2]).stem, parts[1]
     if top == "aam":
@@ -147,16 +176,9 @@ def _classify(rel: Path) -> tuple[str, str | None, str | None]:
 
 def storage_table(store: FeatureStore) -> pa.Table:
     rows = []
-    for dirpath, _, names in os.walk(store.root):
-        for n in names:
-            p = Path(dirpath) / n
-            try:
-                size = p.stat().st_size
-            except FileNotFoundError:  # removed while we walked (a writer's temp file)
-                continue
-            rel = p.relative_to(store.root)
-            kind, shard, version = _classify(rel)
-            rows.append({"kind": kind, "shard": shard, "aam_version": version, "path": str(rel), "bytes": size})
+    for key, size in store.fs.walk(""):
+        kind, shard, version = _classify(Path(key))
+        rows.append({"kind": kind, "shard": shard, "aam_version": version, "path": key, "bytes": size})
     rows.sort(key=lambda r: r["path"])
     return pa.Table.from_pylist(rows, schema=STORAGE_SCHEMA)
 
@@ -165,12 +187,12 @@ def storage_table(store: FeatureStore) -> pa.Table:
 
 def _feature_dim(store: FeatureStore, version: str | None) -> int | None:
     """D for FLOAT[D]: from a published file's schema, else the version's config, else a raw shard."""
-    dirs = [anonymized_dir(store, version)] if version else []
-    dirs += sorted(p for p in (store.root / "anonymized").glob("*") if p.is_dir()) if (store.root / "anonymized").is_dir() else []
+    dirs = [anonymized_key(version)] if version else []
+    dirs += [anonymized_key(v) for v in store.fs.listdir("anonymized")]
     for d in dirs:
-        for f in sorted(d.glob("*.parquet")):
+        for f in sorted(store.fs.glob(d, ".parquet")):
             try:
-                t = pq.read_schema(f).field("feature").type
+                t = store.fs.parquet_schema(f).field("feature").type
             except Exception:
                 continue
             if pa.types.is_fixed_size_list(t):
@@ -187,7 +209,6 @@ def _feature_dim(store: FeatureStore, version: str | None) -> int | None:
 def _anonymized_views(con, store: FeatureStore, version: str | None, dim: int | None) -> dict:
     from .publish import anonymized_schema
 
-    root = store.root.resolve()
     feat = f"feature::FLOAT[{dim}]" if dim else "feature"
     shard = SHARD_FROM_FILE
     select = (f"SELECT {_dataset_sql(shard)} AS dataset, {shard} AS shard, * EXCLUDE (filename) "
@@ -195,36 +216,43 @@ def _anonymized_views(con, store: FeatureStore, version: str | None, dim: int | 
     schema = anonymized_schema(dim) if dim else anonymized_schema(1).set(
         7, pa.field("feature", pa.list_(pa.float32())))
     empty = _empty_select(schema, ("dataset", "shard"))
-    current = root / "anonymized" / version / "*.parquet" if version else None  # None: no current version yet
-    n_cur = _parquet_view(con, "anonymized_features", current, select, empty)
-    n_all = _parquet_view(con, "anonymized_features_all", root / "anonymized" / "*" / "*.parquet", select, empty)
+    current = f"{anonymized_key(version)}/*.parquet" if version else None  # None: no current version yet
+    n_cur = _parquet_view(con, "anonymized_features", store, current, select, empty)
+    n_all = _parquet_view(con, "anonymized_features_all", store, "anonymized/*/*.parquet", select, empty)
     return {"anonymized_features": n_cur, "anonymized_features_all": n_all}
 
 
+def _shard_files(store: FeatureStore, name: str) -> str | list[str]:
+    """latents/*/<name> locally (the rename commit: every shard folder is complete); on an object store the
+    committed attempt of each shard, explicitly (a glob would also match attempts no marker names)."""
+    if store.local:
+        return f"latents/*/{name}"
+    return [key for s in store.committed_shards() if (key := store.shard_file(s, name))]
+
+
 def _create_views(con, store: FeatureStore, version: str | None, dim: int | None) -> dict:
-    root = store.root.resolve()
     files = {}
     s = SHARD_FROM_FILE
     files["videos"] = _parquet_view(
-        con, "videos", root / "manifests" / "*.parquet",
+        con, "videos", store, "manifests/*.parquet",
         f"SELECT {_dataset_sql(s)} AS dataset, {s} AS shard, * EXCLUDE (filename) FROM {{src}}",
         _empty_select(VIDEOS_SCHEMA, ("dataset", "shard")))
     s = SHARD_FROM_DIR
     files["clips"] = _parquet_view(
-        con, "clips", root / "latents" / "*" / "clips.parquet",
+        con, "clips", store, _shard_files(store, "clips.parquet"),
         f"SELECT {_dataset_sql(s)} AS dataset, {s} AS shard, * EXCLUDE (filename) FROM {{src}}",
         _empty_select(CLIP_INDEX_SCHEMA, ("dataset", "shard")))
     files["quarantine"] = _parquet_view(
-        con, "quarantine", root / "latents" / "*" / "quarantine.parquet",
+        con, "quarantine", store, _shard_files(store, "quarantine.parquet"),
         f"SELECT {_dataset_sql(s)} AS dataset, * EXCLUDE (filename) FROM {{src}}",
         _empty_select(QUARANTINE_SCHEMA, ("dataset",)))
     files.update(_anonymized_views(con, store, version, dim))
     for name, sub, schema in (("metrics", "metrics", METRICS_SCHEMA), ("runs", "runs", RUNS_SCHEMA)):
-        files[name] = _parquet_view(con, name, root / sub / "*.parquet",
+        files[name] = _parquet_view(con, name, store, f"{sub}/*.parquet",
                                     "SELECT * EXCLUDE (filename) FROM {src}", _empty_select(schema))
-    files["aam_versions"] = _parquet_view(con, "aam_versions", root / "aam_versions.parquet",
+    files["aam_versions"] = _parquet_view(con, "aam_versions", store, VERSIONS_KEY,
                                           "SELECT * EXCLUDE (filename) FROM {src}", _empty_select(VERSIONS_SCHEMA))
-    files["storage"] = _parquet_view(con, "storage", root / "storage.parquet",
+    files["storage"] = _parquet_view(con, "storage", store, "storage.parquet",
                                      "SELECT * EXCLUDE (filename) FROM {src}", _empty_select(STORAGE_SCHEMA))
     return files
 
@@ -259,13 +287,14 @@ def build_catalog(store: FeatureStore) -> dict:
     import duckdb
 
     t0 = time.perf_counter()
-    root = store.root.resolve()
-    if not root.is_dir():
-        raise CatalogError(f"no store at {root}")
+    if not store.fs.isdir(""):
+        raise CatalogError(f"no store at {store.root.resolve() if store.local else store.root}")
+    root = catalog_dir(store).resolve()
+    root.mkdir(parents=True, exist_ok=True)
     target = root / CATALOG_FILE
     _check_not_locked(target)
     _remove_stale_temps(root)
-    write_parquet_atomic(storage_table(store), root / "storage.parquet")
+    store.fs.write_parquet("storage.parquet", storage_table(store))
     version = current_version(store)
     dim = _feature_dim(store, version)
 
@@ -273,6 +302,7 @@ def build_catalog(store: FeatureStore) -> dict:
     try:
         con = duckdb.connect(str(tmp))
         try:
+            store.fs.register_duckdb(con)
             files = _create_views(con, store, version, dim)
             rows = {view: con.sql(f"SELECT count(*) FROM {view}").fetchall()[0][0] for view in files}
             con.sql("CHECKPOINT")
@@ -301,6 +331,7 @@ def _connect(store: FeatureStore, read_only: bool = True):
     # answering from the replaced (stale) catalog file.
     con = duckdb.connect()
     try:
+        store.fs.register_duckdb(con)  # object stores: the views read through the store's fsspec filesystem
         con.sql(f"ATTACH {_lit(p)} AS catalog{' (READ_ONLY)' if read_only else ''}")
         con.sql("USE catalog")
     except duckdb.Error as e:

@@ -2,7 +2,10 @@
 
     <root>/anonymized/<aam_version>/<shard>.parquet   one row per clip, `feature` = f_A(raw clip latent)
     <root>/aam_versions.parquet                       every recorded AAM version; exactly one is current
-    <root>/.trash/                                    where deletions go first (rename, then rmtree)
+    <root>/.trash/                                    local roots: where deletions go first (rename, then rmtree)
+
+The root may be an object store (storefs.py): tables are written with one PUT each (atomic per
+object), deletions remove objects directly (no rename there), and the aam_versions lock is a lease.
 
 Publishing needs only the cached raw latents and a saved adapter: the frozen encoder is never
 loaded (this module must not import transformers or the encoders). Three guards stand between the
@@ -16,21 +19,17 @@ Retention: `apply_retention` keeps the newest N versions plus the current one; `
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
-import uuid
 from datetime import datetime, timezone
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from .features import VideoFeatures
 from .registry import dataset_of
-from .store import FeatureStore, StoreError, write_parquet_atomic
+from .store import FeatureStore, StoreError
+from .storefs import join
 
 CHUNK_ROWS = 2048          # adapter batch: bounded memory, and batch-invariant anyway (see aam/model.py)
 IDENTITY_EPS = 1e-6        # max |f(x) - x| over a shard at or below this: the adapter is the identity
@@ -57,42 +56,27 @@ def anonymized_schema(dim: int) -> pa.Schema:
 
 # ---------------------------------------------------------------- paths
 
-def anonymized_dir(store: FeatureStore, version: str) -> Path:
-    return store.root / "anonymized" / version
+VERSIONS_KEY = "aam_versions.parquet"
 
 
-def anonymized_path(store: FeatureStore, version: str, shard: str) -> Path:
-    return anonymized_dir(store, version) / f"{shard}.parquet"
+def anonymized_key(version: str, shard: str | None = None) -> str:
+    return join("anonymized", version, f"{shard}.parquet") if shard else join("anonymized", version)
 
 
-def versions_path(store: FeatureStore) -> Path:
-    return store.root / "aam_versions.parquet"
+def anonymized_dir(store: FeatureStore, version: str):
+    return store.loc(anonymized_key(version))
+
+
+def anonymized_path(store: FeatureStore, version: str, shard: str):
+    return store.loc(anonymized_key(version, shard))
+
+
+def versions_path(store: FeatureStore):
+    return store.loc(VERSIONS_KEY)
 
 
 def _now() -> datetime:
     return datetime.now(timezone.utc)
-
-
-def _trash(store: FeatureStore, path: Path) -> int:
-    """Delete a file or folder: rename it out of every reader's glob first (atomic), then remove it.
-    Returns the bytes freed."""
-    size = _size(path)
-    trash = store.root / ".trash"
-    trash.mkdir(parents=True, exist_ok=True)
-    dest = trash / f"{path.name}.{uuid.uuid4().hex[:8]}"
-    os.rename(path, dest)
-    if dest.is_dir():
-        shutil.rmtree(dest, ignore_errors=True)
-    else:
-        dest.unlink(missing_ok=True)
-    return size
-
-
-def _size(path: Path) -> int:
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
 
 
 # ---------------------------------------------------------------- guards
@@ -167,9 +151,8 @@ def assert_not_identity(raw: np.ndarray, anonymized: np.ndarray, eps: float = ID
 def _load_checked_adapter(store: FeatureStore, adapter_dir):
     from .aam.io import load_adapter  # torch + safetensors only; never the encoder
 
-    adapter_dir = Path(adapter_dir)
     try:
-        adapter, cfg, meta = load_adapter(adapter_dir)
+        adapter, cfg, meta = load_adapter(adapter_dir, storage_options=getattr(store.fs, "storage_options", None))
     except FileNotFoundError as e:
         raise PublishError(f"no AAM adapter at {adapter_dir} ({e}): train aam_model first") from e
     want, have = store.encoder_fingerprint(), meta.get("encoder_fingerprint")
@@ -213,10 +196,11 @@ def _run_adapter(adapter, cfg, clips: np.ndarray, video_ids: np.ndarray, clip_in
     return out
 
 
-def _published_rows(path: Path) -> int | None:
+def published_rows(store: FeatureStore, version: str, shard: str) -> int | None:
+    """Rows of anonymized/<version>/<shard>.parquet from its footer; None when absent or unreadable."""
     try:
-        return pq.ParquetFile(path).metadata.num_rows
-    except Exception:  # unreadable: treat as absent, it gets rewritten
+        return store.fs.parquet_metadata(anonymized_key(version, shard)).num_rows
+    except Exception:  # absent or unreadable: treat as absent, it gets rewritten
         return None
 
 
@@ -230,10 +214,10 @@ def anonymize_shard(store: FeatureStore, shard: str, adapter_dir) -> dict:
     out = anonymized_path(store, version, shard)
     commit = store.committed(shard)
     if commit is None:
-        raise PublishError(f"shard {shard!r} has no committed latents in {store.root / 'latents'}: "
+        raise PublishError(f"shard {shard!r} has no committed latents in {store.loc('latents')}: "
                            f"materialise clip_latents for it first")
     base = {"shard": shard, "version": version, "path": str(out), "dim": cfg.dim}
-    if out.is_file() and _published_rows(out) == commit["clips"]:
+    if published_rows(store, version, shard) == commit["clips"]:
         return {**base, "rows": commit["clips"], "seconds": time.perf_counter() - t0, "skipped": True}
 
     data = store.read_shard(shard, with_static=False)
@@ -249,7 +233,7 @@ def anonymize_shard(store: FeatureStore, shard: str, adapter_dir) -> dict:
 
     table = _anonymized_table(index, feats, version, fp)
     assert_no_raw_latents(table, clips)
-    write_parquet_atomic(table, out)
+    store.fs.write_parquet(anonymized_key(version, shard), table)
     return {**base, "rows": table.num_rows, "max_abs_change": max_change, "seconds": time.perf_counter() - t0,
             "skipped": False}
 
@@ -266,20 +250,19 @@ def _anonymized_table(index: pa.Table, feats: np.ndarray, version: str, fp: str)
 # ---------------------------------------------------------------- AAM versions
 
 def read_versions(store: FeatureStore) -> pa.Table:
-    p = versions_path(store)
-    if not p.is_file():
+    if not store.fs.isfile(VERSIONS_KEY):
         return VERSIONS_SCHEMA.empty_table()
     try:
-        return pq.read_table(p)
+        return store.fs.read_parquet(VERSIONS_KEY)
     except Exception as e:
-        raise PublishError(f"{p}: unreadable Parquet ({e})") from e
+        raise PublishError(f"{versions_path(store)}: unreadable Parquet ({e})") from e
 
 
 def _write_versions(store: FeatureStore, rows: list[dict]) -> pa.Table:
     # at most one current; none until a version is promoted (published everywhere and within the privacy budget)
     assert sum(bool(r["is_current"]) for r in rows) <= 1, "more than one current AAM version"
     table = pa.Table.from_pylist(rows, schema=VERSIONS_SCHEMA)
-    write_parquet_atomic(table, versions_path(store))
+    store.fs.write_parquet(VERSIONS_KEY, table)
     return table
 
 
@@ -330,9 +313,12 @@ def current_version(store: FeatureStore) -> str | None:
 
 # ---------------------------------------------------------------- retention
 
-def _published_shards(store: FeatureStore, version: str) -> set[str]:
-    d = anonymized_dir(store, version)
-    return {p.stem for p in d.glob("*.parquet")} if d.is_dir() else set()
+def published_shards(store: FeatureStore, version: str) -> set[str]:
+    """Shards with a file in anonymized/<version>/ (complete or not: see published_rows)."""
+    return {k.rsplit("/", 1)[-1][:-len(".parquet")] for k in store.fs.glob(anonymized_key(version), ".parquet")}
+
+
+_published_shards = published_shards
 
 
 def apply_retention(store: FeatureStore, keep: int) -> dict:
@@ -350,19 +336,19 @@ def apply_retention(store: FeatureStore, keep: int) -> dict:
         deleted, protected, freed = [], [], 0
         for r in rows:
             v = r["version"]
-            d = anonymized_dir(store, v)
-            if v in kept or not d.is_dir():
+            d = anonymized_key(v)
+            if v in kept or not store.fs.isdir(d):
                 continue
             for shard in sorted(_published_shards(store, v)):
                 if shard not in raw and shard not in covered:
                     protected.append(f"{v}/{shard}")
                     covered.add(shard)  # one copy is enough
                     continue
-                freed += _trash(store, anonymized_path(store, v, shard))
-            if not any(d.iterdir()):
-                d.rmdir()
+                freed += store.fs.delete(anonymized_key(v, shard))
+            if not store.fs.listdir(d):
+                store.fs.delete(d)
             deleted.append(v)
-    on_disk = {p.name for p in (store.root / "anonymized").glob("*") if p.is_dir()} if (store.root / "anonymized").is_dir() else set()
+    on_disk = {v for v in store.fs.listdir("anonymized") if store.fs.isdir(anonymized_key(v))}
     return {"deleted": deleted, "kept": sorted(kept), "protected": protected, "bytes_freed": freed,
             "untracked": sorted(on_disk - recorded)}
 
@@ -384,26 +370,26 @@ def purge_raw_latents(store: FeatureStore, shards: list[str], version: str, *, a
         out = anonymized_path(store, version, shard)
         if commit is None:
             problems.append(f"{shard} (no committed raw latents)")
-        elif not out.is_file():
+        elif not store.fs.isfile(anonymized_key(version, shard)):
             problems.append(f"{shard} (no anonymized table {out})")
-        elif (n := _published_rows(out)) is None:
+        elif (n := published_rows(store, version, shard)) is None:
             problems.append(f"{shard} ({out} is not readable Parquet)")
         elif n != commit["clips"]:
             problems.append(f"{shard} ({out} holds {n} rows, the shard has {commit['clips']} clips)")
     if problems:
         raise PublishError(f"purge_raw_latents: nothing deleted; these shards still need their raw latents for "
                            f"AAM version {version}: " + "; ".join(problems))
-    freed = sum(_trash(store, store.shard_dir(s)) for s in shards)
+    freed = sum(store.delete_shard(s) for s in shards)
     return {"purged": list(shards), "version": version, "bytes_freed": freed}
 
 
 # ---------------------------------------------------------------- reading
 
-def _read_parquet(path: Path) -> pa.Table:
+def _read_parquet(store: FeatureStore, key: str) -> pa.Table:
     try:
-        return pq.read_table(path)
+        return store.fs.read_parquet(key)
     except Exception as e:
-        raise PublishError(f"{path}: unreadable Parquet ({type(e).__name__}: {e})") from e
+        raise PublishError(f"{store.loc(key)}: unreadable Parquet ({type(e).__name__}: {e})") from e
 
 
 def _version_or_current(store: FeatureStore, version: str | None) -> str:
@@ -413,15 +399,15 @@ def _version_or_current(store: FeatureStore, version: str | None) -> str:
     return version
 
 
-def _anonymized_files(store: FeatureStore, version: str, shards=None) -> list[Path]:
-    d = anonymized_dir(store, version)
+def _anonymized_files(store: FeatureStore, version: str, shards=None) -> list[str]:
+    """Keys of the anonymized tables of `version` (all, or those of `shards`)."""
     if shards is None:
-        files = sorted(d.glob("*.parquet")) if d.is_dir() else []
+        files = sorted(store.fs.glob(anonymized_key(version), ".parquet"))
         if not files:
-            raise PublishError(f"AAM version {version} has no anonymized tables in {d}")
+            raise PublishError(f"AAM version {version} has no anonymized tables in {anonymized_dir(store, version)}")
         return files
-    files = [anonymized_path(store, version, s) for s in shards]
-    missing = [str(p) for p in files if not p.is_file()]
+    files = [anonymized_key(version, s) for s in shards]
+    missing = [str(store.loc(k)) for k in files if not store.fs.isfile(k)]
     if missing:
         raise PublishError(f"AAM version {version}: missing anonymized tables {missing}")
     return files
@@ -432,11 +418,11 @@ def read_anonymized(store: FeatureStore, version: str | None = None, shards: lis
     A file that does not read raises naming it; pass shards= to read around it."""
     version = _version_or_current(store, version)
     tables = []
-    for p in _anonymized_files(store, version, shards):
-        t = _read_parquet(p)
+    for key in _anonymized_files(store, version, shards):
+        t = _read_parquet(store, key)
         got = set(pc.unique(t["aam_version"]).to_pylist()) if t.num_rows else {version}
         if got != {version}:
-            raise PublishError(f"{p}: holds rows of AAM versions {sorted(got)}, expected only {version}")
+            raise PublishError(f"{store.loc(key)}: holds rows of AAM versions {sorted(got)}, expected only {version}")
         tables.append(t)
     return pa.concat_tables(tables)
 
@@ -496,7 +482,7 @@ def load_video_features(store: FeatureStore, source: str = "raw", version: str |
             data = store.read_shard(shard, with_static=False)
             index, feats = data.index, data.clips
         else:
-            index = _read_parquet(anonymized_path(store, version, shard))
+            index = _read_parquet(store, anonymized_key(version, shard))
             feats = _features(index)
         videos += _group_videos(shard, index, feats, _manifest_rows(store, shard))
     return videos

@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import uuid
 from pathlib import Path
 
 import pyarrow as pa
 
 from .manifest import Manifest, load_manifest
-from .store import FeatureStore, StoreError, write_parquet_atomic
+from .store import FeatureStore, StoreError
+from .storefs import join
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
 DEFAULT_SHARD_SIZE = 256
@@ -28,8 +28,19 @@ def dataset_of(shard: str) -> str:
     return name
 
 
-def registration_path(store: FeatureStore, name: str) -> Path:
-    return store.root / "datasets" / f"{name}.json"
+def registration_key(name: str) -> str:
+    return join("datasets", f"{name}.json")
+
+
+def registration_path(store: FeatureStore, name: str):
+    return store.loc(registration_key(name))
+
+
+def _registration(store: FeatureStore, name: str) -> dict | None:
+    try:
+        return store.fs.read_json(registration_key(name))
+    except FileNotFoundError:
+        return None
 
 
 def register_dataset(store: FeatureStore, name: str, manifest_path: str | os.PathLike,
@@ -43,37 +54,30 @@ def register_dataset(store: FeatureStore, name: str, manifest_path: str | os.Pat
     shards = [f"{name}-{i:03d}" for i in range((n + shard_size - 1) // shard_size)]
     reg = {"name": name, "manifest": str(Path(manifest_path).resolve()), "shard_size": shard_size,
            "videos": n, "shards": shards, "attributes": list(m.attributes)}
-    p = registration_path(store, name)
-    if p.is_file():
-        old = json.loads(p.read_text())
-        if old["manifest"] != reg["manifest"]:
-            raise StoreError(f"dataset {name!r} is already registered from {old['manifest']}; "
-                             f"choose another name for {reg['manifest']}")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.{uuid.uuid4().hex[:8]}.part")
-    tmp.write_text(json.dumps(reg, indent=1) + "\n")
-    os.replace(tmp, p)
+    old = _registration(store, name)
+    if old is not None and old["manifest"] != reg["manifest"]:
+        raise StoreError(f"dataset {name!r} is already registered from {old['manifest']}; "
+                         f"choose another name for {reg['manifest']}")
+    store.fs.put_atomic(registration_key(name), (json.dumps(reg, indent=1) + "\n").encode())
     return shards
 
 
 def registered(store: FeatureStore) -> dict[str, dict]:
-    d = store.root / "datasets"
-    if not d.is_dir():
-        return {}
-    return {p.stem: json.loads(p.read_text()) for p in sorted(d.glob("*.json"))}
+    return {key.rsplit("/", 1)[-1][:-len(".json")]: store.fs.read_json(key)
+            for key in sorted(store.fs.glob("datasets", ".json"))}
 
 
 def dataset_manifest(store: FeatureStore, name: str) -> Manifest:
-    p = registration_path(store, name)
-    if not p.is_file():
+    reg = _registration(store, name)
+    if reg is None:
         raise StoreError(f"dataset {name!r} is not registered in {store.root} (run `splavu ingest`)")
-    return load_manifest(json.loads(p.read_text())["manifest"])
+    return load_manifest(reg["manifest"])
 
 
 def shard_rows(store: FeatureStore, shard: str) -> tuple[Manifest, list[dict]]:
     """The validated manifest and the rows of one shard."""
     name = dataset_of(shard)
-    reg = json.loads(registration_path(store, name).read_text()) if registration_path(store, name).is_file() else None
+    reg = _registration(store, name)
     if reg is None or shard not in reg["shards"]:
         raise StoreError(f"shard {shard!r} is not part of a registered dataset in {store.root}")
     m = dataset_manifest(store, name)
@@ -85,5 +89,5 @@ def write_shard_manifest(store: FeatureStore, shard: str) -> pa.Table:
     m, rows = shard_rows(store, shard)
     sub = Manifest(path=m.path, root=m.root, rows=rows, attributes=m.attributes).to_arrow()
     sub = sub.replace_schema_metadata({"dataset_root": str(m.root), "manifest": str(m.path)})
-    write_parquet_atomic(sub, store.shard_manifest_path(shard))
+    store.write_shard_manifest_table(shard, sub)
     return sub

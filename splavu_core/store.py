@@ -1,29 +1,48 @@
-"""The feature store on disk: one root, raw latents per shard (Zarr), tables (Parquet).
+"""The feature store: one root, raw latents per shard (Zarr), tables (Parquet).
+
+The root is a local folder or an fsspec URL (s3://bucket/prefix, memory://name); storefs.py says
+how each operation maps onto either. The layout is the same on both, except inside latents/<shard>/:
 
     <root>/store.json                        encoder fingerprint + provenance (one encoder per store)
     <root>/datasets/<name>.json              registered dataset: manifest path, shard size
     <root>/manifests/<shard>.parquet         the validated manifest rows of one shard
-    <root>/latents/<shard>/                  RAW, sensitive; committed atomically (rename)
+    <root>/latents/<shard>/                  RAW, sensitive
+        _COMMIT.json   marker: provenance, manifest hash, counts (+ "data" on object stores)
         latents.zarr   clips (N, D), static (V, K, D), provenance in attributes
         clips.parquet  index: video_id, clip_index, start/end frame, start/end s, split
         static.parquet video_id, k, frame_index (row order = static's first axis)
         quarantine.parquet   videos that could not be used, with the reason
-        _COMMIT.json   marker: provenance, manifest hash, counts
     <root>/anonymized/<aam_version>/<shard>.parquet   published features
     <root>/aam/<aam_version>/                adapter.safetensors + adapter.json
+    <root>/_locks/<name>.json                object stores only: the lease of a held lock
 
-A shard directory exists only once complete: it is written under latents/.staging and renamed
-into place, so a killed process leaves nothing half-written that readers could see.
+Crash-safe shard commit, two ways:
+
+- Local folder (rename commit, unchanged): the shard is written under latents/.staging/ and
+  renamed into place, so latents/<shard>/ exists only once complete and its files are the data.
+- Object store (marker commit): there is no rename, and a prefix cannot appear at once. Every object
+  of an attempt goes under the immutable prefix latents/<shard>/attempts/<attempt-id>/ (the four data
+  files above), then one PUT of latents/<shard>/_COMMIT.json names it ("data": "attempts/<id>"). That
+  PUT is the commit: readers find data only through the marker, so a writer killed before it leaves an
+  attempt nothing names (invisible); a replaced shard switches with the marker, all at once. Writers of
+  one shard are serialised by the lease `shard-<shard>`; under it, the next writer deletes every attempt
+  the marker does not name (killed writers' debris, and the generation replaced last time: the one just
+  replaced is kept until then, so readers that resolved the old marker can finish). A reader re-reads the
+  marker after reading and retries if it changed, so it never returns a mix of two generations, and
+  never data of an attempt deleted under it (deletion only follows a newer marker).
+
+Why not the marker on local disk too: the rename already gives the same guarantee, keeps the layout
+users, tests and the catalog's glob views rely on (latents/*/clips.parquet), and keeps reruns
+byte-identical file for file. Readers handle both (no "data" key: the shard folder itself).
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
 import shutil
+import time
 import uuid
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,16 +50,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .storefs import StoreError, StoreFS, join, open_root
+
 CLIP_INDEX_SCHEMA = pa.schema([("video_id", pa.string()), ("clip_index", pa.int32()), ("start_frame", pa.int32()),
                                ("end_frame", pa.int32()), ("start_s", pa.float64()), ("end_s", pa.float64()),
                                ("split", pa.string())])
 STATIC_INDEX_SCHEMA = pa.schema([("video_id", pa.string()), ("k", pa.int32()), ("frame_index", pa.int32())])
 QUARANTINE_SCHEMA = pa.schema([("video_id", pa.string()), ("path", pa.string()), ("error", pa.string()),
                                ("when", pa.timestamp("us", tz="UTC")), ("shard", pa.string())])
-
-
-class StoreError(Exception):
-    pass
+COMMIT_FILE = "_COMMIT.json"
+READ_RETRIES = 5  # a reader that sees the marker change under it this often in a row gives up
 
 
 def default_root() -> str:
@@ -64,6 +83,7 @@ def table_hash(table: pa.Table) -> str:
 
 
 def write_parquet_atomic(table: pa.Table, path: Path) -> None:
+    """A local Parquet file, replaced atomically (temp file + os.replace). Stores use store.fs.write_parquet."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.part")
     pq.write_table(table, tmp, compression="zstd")
@@ -71,99 +91,122 @@ def write_parquet_atomic(table: pa.Table, path: Path) -> None:
 
 
 class FeatureStore:
-    def __init__(self, root: str | os.PathLike | None = None):
-        self.root = Path(root or default_root())
+    def __init__(self, root: str | os.PathLike | None = None, storage_options: dict | None = None):
+        self.fs: StoreFS = open_root(root or default_root(), storage_options)
+        self.root = self.fs.loc()  # a Path for a local root (as before), the URL string for an object store
+        self._fingerprint: str | None = None
 
-    @contextmanager
+    @property
+    def local(self) -> bool:
+        return self.fs.local
+
+    def loc(self, *parts):
+        """Where a key lives, for messages and tools: a Path (local root) or a URL string (object store)."""
+        return self.fs.loc(join(*parts))
+
     def lock(self, name: str):
-        """Advisory lock (POSIX flock) serialising read-modify-write of one small table of this store."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / f".{name}.lock", "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        """Serialise read-modify-write of one small table of this store: flock locally, a lease on object stores."""
+        return self.fs.lock(name)
 
     # ---------------------------------------------------------------- encoder identity
     @property
-    def meta_path(self) -> Path:
-        return self.root / "store.json"
+    def meta_path(self):
+        return self.loc("store.json")
 
     def encoder_fingerprint(self) -> str | None:
-        if not self.meta_path.is_file():
-            return None
-        return json.loads(self.meta_path.read_text())["encoder_fingerprint"]
+        if self._fingerprint is None:  # store.json never changes once written (first writer wins): cache it
+            try:
+                self._fingerprint = self.fs.read_json("store.json")["encoder_fingerprint"]
+            except FileNotFoundError:
+                return None
+        return self._fingerprint
 
     def claim(self, provenance: dict) -> None:
         """Bind this store to one encoder; refuse to append latents of another."""
         fp = provenance["encoder_fingerprint"]
         have = self.encoder_fingerprint()
         if have is None:
-            self.root.mkdir(parents=True, exist_ok=True)
-            tmp = self.meta_path.with_suffix(f".{uuid.uuid4().hex[:8]}.part")
-            tmp.write_text(json.dumps(provenance, indent=1, sort_keys=True) + "\n")
-            try:  # first writer wins; a concurrent second one must agree with it
-                os.link(tmp, self.meta_path)
-            except FileExistsError:
-                pass
-            finally:
-                tmp.unlink()
+            body = (json.dumps(provenance, indent=1, sort_keys=True) + "\n").encode()
+            # first writer wins (link locally, If-None-Match on S3); a concurrent second one must agree with it
+            self.fs.put_if_absent("store.json", body)
             have = self.encoder_fingerprint()
         if have != fp:
             raise StoreError(f"store {self.root} holds latents of encoder {have}; refusing to append latents of "
                              f"encoder {fp}. Use another store root (SPLAVU_STORE) for a different encoder.")
 
     # ---------------------------------------------------------------- manifests of shards
-    def shard_manifest_path(self, shard: str) -> Path:
-        return self.root / "manifests" / f"{shard}.parquet"
+    def shard_manifest_path(self, shard: str):
+        return self.loc("manifests", f"{shard}.parquet")
 
     def read_shard_manifest(self, shard: str) -> pa.Table:
-        p = self.shard_manifest_path(shard)
-        if not p.is_file():
-            raise StoreError(f"shard {shard!r} has no manifest at {p}: materialise video_manifest first")
-        return pq.read_table(p)
+        key = join("manifests", f"{shard}.parquet")
+        if not self.fs.isfile(key):
+            raise StoreError(f"shard {shard!r} has no manifest at {self.loc(key)}: materialise video_manifest first")
+        return self.fs.read_parquet(key)
+
+    def write_shard_manifest_table(self, shard: str, table: pa.Table) -> None:
+        self.fs.write_parquet(join("manifests", f"{shard}.parquet"), table)
 
     # ---------------------------------------------------------------- raw latents
-    def shard_dir(self, shard: str) -> Path:
-        return self.root / "latents" / shard
+    def shard_dir(self, shard: str):
+        return self.loc("latents", shard)
 
     def committed(self, shard: str) -> dict | None:
-        marker = self.shard_dir(shard) / "_COMMIT.json"
-        return json.loads(marker.read_text()) if marker.is_file() else None
+        try:
+            return self.fs.read_json(join("latents", shard, COMMIT_FILE))
+        except FileNotFoundError:
+            return None
 
     def committed_shards(self) -> list[str]:
-        d = self.root / "latents"
-        if not d.is_dir():
-            return []
-        return sorted(p.name for p in d.iterdir() if not p.name.startswith(".") and (p / "_COMMIT.json").is_file())
+        return [s for s in self.fs.listdir("latents")
+                if not s.startswith(".") and self.fs.isfile(join("latents", s, COMMIT_FILE))]
+
+    def shard_data_key(self, shard: str, marker: dict) -> str:
+        """The key of the folder holding a committed shard's files: the shard folder, or the attempt its marker names."""
+        return join("latents", shard, marker.get("data", ""))
+
+    def shard_file(self, shard: str, name: str, marker: dict | None = None) -> str | None:
+        """The key of one committed file of a shard (clips.parquet, ...), or None if the shard is not committed."""
+        marker = marker if marker is not None else self.committed(shard)
+        return join(self.shard_data_key(shard, marker), name) if marker else None
 
     def write_shard(self, shard: str, data: ShardLatents, provenance: dict, manifest_hash: str) -> dict:
-        """Write all of a shard under .staging, then rename it into place (atomic on POSIX)."""
-        import zarr
-
+        """Write all of a shard and commit it atomically (see the module docstring); returns the marker."""
         self.claim(provenance)
-        staging_root = self.root / "latents" / ".staging"
-        staging_root.mkdir(parents=True, exist_ok=True)
-        for stale in staging_root.glob(f"{shard}.*"):  # left by a killed writer of this shard
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = staging_root / f"{shard}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
         n, d = data.clips.shape
         assert data.clips.dtype == np.float32 and np.isfinite(data.clips).all(), f"shard {shard}: non-finite latents"
         assert data.index.num_rows == n, f"shard {shard}: {data.index.num_rows} index rows for {n} clips"
-        group = zarr.open_group(str(tmp / "latents.zarr"), mode="w", zarr_format=3)
-        group.attrs.update({"provenance": provenance, "shard": shard, "manifest_hash": manifest_hash})
-        group.create_array("clips", data=data.clips, chunks=(min(max(n, 1), 1024), d))
-        group.create_array("static", data=data.static, chunks=(min(max(len(data.static), 1), 256),) + data.static.shape[1:])
-        pq.write_table(data.index, tmp / "clips.parquet", compression="zstd")
-        pq.write_table(data.static_index, tmp / "static.parquet", compression="zstd")
-        pq.write_table(data.quarantine, tmp / "quarantine.parquet", compression="zstd")
         marker = {"shard": shard, "encoder_fingerprint": provenance["encoder_fingerprint"],
                   "manifest_hash": manifest_hash, "clips": n, "dim": d, "static_videos": int(len(data.static)),
                   "videos": len(set(data.index.column("video_id").to_pylist())), "quarantined": data.quarantine.num_rows}
-        (tmp / "_COMMIT.json").write_text(json.dumps(marker, indent=1, sort_keys=True) + "\n")
-        final = self.shard_dir(shard)
+        if self.fs.local:
+            return self._commit_by_rename(shard, data, provenance, manifest_hash, marker)
+        return self._commit_by_marker(shard, data, provenance, manifest_hash, marker)
+
+    def _write_files(self, key: str, shard: str, data: ShardLatents, provenance: dict, manifest_hash: str) -> None:
+        import zarr
+
+        n, d = data.clips.shape
+        group = zarr.open_group(self.fs.zarr_store(join(key, "latents.zarr")), mode="w", zarr_format=3)
+        group.attrs.update({"provenance": provenance, "shard": shard, "manifest_hash": manifest_hash})
+        group.create_array("clips", data=data.clips, chunks=(min(max(n, 1), 1024), d))
+        group.create_array("static", data=data.static, chunks=(min(max(len(data.static), 1), 256),) + data.static.shape[1:])
+        self.fs.write_parquet(join(key, "clips.parquet"), data.index)
+        self.fs.write_parquet(join(key, "static.parquet"), data.static_index)
+        self.fs.write_parquet(join(key, "quarantine.parquet"), data.quarantine)
+
+    def _commit_by_rename(self, shard, data, provenance, manifest_hash, marker) -> dict:
+        staging_key = join("latents", ".staging")
+        staging_root = self.fs.loc(staging_key)
+        staging_root.mkdir(parents=True, exist_ok=True)
+        for stale in staging_root.glob(f"{shard}.*"):  # left by a killed writer of this shard
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp_key = join(staging_key, f"{shard}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+        tmp = self.fs.loc(tmp_key)
+        tmp.mkdir()
+        self._write_files(tmp_key, shard, data, provenance, manifest_hash)
+        (tmp / COMMIT_FILE).write_text(json.dumps(marker, indent=1, sort_keys=True) + "\n")
+        final = self.fs.loc(join("latents", shard))
         if final.exists():  # replacing an older version of the shard: move it aside first
             old = staging_root / f"{shard}.old.{uuid.uuid4().hex[:8]}"
             os.rename(final, old)
@@ -173,25 +216,69 @@ class FeatureStore:
             os.rename(tmp, final)
         return marker
 
+    def _commit_by_marker(self, shard, data, provenance, manifest_hash, marker) -> dict:
+        attempts = join("latents", shard, "attempts")
+        with self.lock(f"shard-{shard}"):
+            current = self.committed(shard)
+            self._gc_attempts(shard, keep={current.get("data")} if current else set())
+            attempt = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
+            self._write_files(join(attempts, attempt), shard, data, provenance, manifest_hash)
+            marker = {**marker, "data": join("attempts", attempt)}
+            self.fs.write_json(join("latents", shard, COMMIT_FILE), marker)  # the commit: one PUT
+        return marker
+
+    def _gc_attempts(self, shard: str, keep: set) -> int:
+        """Delete the attempts of a shard not in `keep` (call with the shard's lease held); returns bytes freed."""
+        attempts = join("latents", shard, "attempts")
+        return sum(self.fs.delete(join(attempts, a)) for a in self.fs.listdir(attempts)
+                   if join("attempts", a) not in keep)
+
+    def delete_shard(self, shard: str) -> int:
+        """Delete a shard's raw latents; returns the bytes freed. On object stores the marker goes first, so
+        readers never resolve a half-deleted shard."""
+        key = join("latents", shard)
+        if self.fs.local:
+            return self.fs.delete(key)
+        with self.lock(f"shard-{shard}"):
+            freed = self.fs.delete(join(key, COMMIT_FILE))
+            return freed + self.fs.delete(key)
+
     def read_shard(self, shard: str, with_static: bool = True) -> ShardLatents:
+        for _ in range(READ_RETRIES):
+            marker = self.committed(shard)
+            if marker is None:
+                raise StoreError(f"shard {shard!r} has no committed latents in {self.loc('latents')}: "
+                                 f"materialise clip_latents for it first")
+            key = self.shard_data_key(shard, marker)
+            try:
+                out = self._read_files(shard, key, with_static)
+            except Exception:  # object store: was the attempt replaced and deleted while we read it?
+                if self.fs.local or self.committed(shard) == marker:
+                    raise
+                continue
+            if self.fs.local or self.committed(shard) == marker:  # unchanged while we read: one generation
+                if len(out.clips) != marker["clips"]:
+                    raise StoreError(f"shard {shard!r}: {self.loc(key)} holds {len(out.clips)} clips, its marker "
+                                     f"says {marker['clips']}")
+                return out
+        raise StoreError(f"shard {shard!r} was replaced {READ_RETRIES} times while being read; try again")
+
+    def _read_files(self, shard: str, key: str, with_static: bool) -> ShardLatents:
         import zarr
 
-        d = self.shard_dir(shard)
-        if not (d / "_COMMIT.json").is_file():
-            raise StoreError(f"shard {shard!r} has no committed latents in {self.root / 'latents'}: "
-                             f"materialise clip_latents for it first")
-        group = zarr.open_group(str(d / "latents.zarr"), mode="r")
+        group = zarr.open_group(self.fs.zarr_store(join(key, "latents.zarr"), read_only=True), mode="r")
         fp = group.attrs["provenance"]["encoder_fingerprint"]
         if fp != self.encoder_fingerprint():
             raise StoreError(f"shard {shard!r} was written by encoder {fp}, but the store {self.root} belongs to "
                              f"{self.encoder_fingerprint()}")
         empty = np.zeros((0, 0, 0), np.float32)
-        return ShardLatents(clips=group["clips"][:], index=pq.read_table(d / "clips.parquet"),
+        return ShardLatents(clips=group["clips"][:], index=self.fs.read_parquet(join(key, "clips.parquet")),
                             static=group["static"][:] if with_static else empty,
-                            static_index=pq.read_table(d / "static.parquet"),
-                            quarantine=pq.read_table(d / "quarantine.parquet"))
+                            static_index=self.fs.read_parquet(join(key, "static.parquet")),
+                            quarantine=self.fs.read_parquet(join(key, "quarantine.parquet")))
 
     def provenance(self) -> dict:
-        if not self.meta_path.is_file():
-            raise StoreError(f"{self.root} holds no latents yet (no store.json)")
-        return json.loads(self.meta_path.read_text())
+        try:
+            return self.fs.read_json("store.json")
+        except FileNotFoundError:
+            raise StoreError(f"{self.root} holds no latents yet (no store.json)") from None

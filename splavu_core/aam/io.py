@@ -7,6 +7,12 @@
 adapter on the same encoder always gets the same version (in any process), and anonymized tables
 can name the exact adapter that produced them. `extra` (training metrics, timestamps, ...) is
 deliberately outside the hash: re-saving with new notes does not mint a new version.
+
+`out_dir` / `path` may be a local folder or an fsspec URL (an adapter inside an object-store root,
+see storefs.py). Weights are always read as bytes and parsed by safetensors (no pickle, no code).
+On an object store there is no folder rename: the weights are PUT first and adapter.json last, so
+until the JSON lands the adapter does not load, and a JSON whose version does not match the weights
+is refused by the content-hash check.
 """
 from __future__ import annotations
 
@@ -19,8 +25,11 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
+from safetensors.torch import save_file
 
+from ..storefs import is_url, open_root
 from .model import AAMConfig, AnonymizingAdapter
 
 FORMAT = "splavu-aam/1"
@@ -68,7 +77,7 @@ def _fsync(path: Path):
 
 
 def save_adapter(adapter: AnonymizingAdapter, config: AAMConfig, out_dir: str | os.PathLike,
-                 encoder_fingerprint: str, extra: dict | None = None) -> str:
+                 encoder_fingerprint: str, extra: dict | None = None, storage_options: dict | None = None) -> str:
     """Write adapter.safetensors + adapter.json into out_dir; returns the version. Both files are
     written under a temp dir next to out_dir and renamed into place, so a crash never leaves a
     half-written adapter that loads (a fresh out_dir appears whole or not at all)."""
@@ -79,6 +88,11 @@ def save_adapter(adapter: AnonymizingAdapter, config: AAMConfig, out_dir: str | 
             "config": config.to_dict(), "extra": extra or {}}
     meta_bytes = json.dumps(meta, indent=2, sort_keys=True).encode()  # fails here, not half-way, if extra isn't JSON
 
+    if is_url(out_dir):
+        target = open_root(str(out_dir), storage_options)
+        target.put_atomic(WEIGHTS_FILE, save_tensors(tensors, metadata={"format": FORMAT, "version": version}))
+        target.put_atomic(META_FILE, meta_bytes)  # last: the adapter loads only from here on
+        return version
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
@@ -101,17 +115,28 @@ def save_adapter(adapter: AnonymizingAdapter, config: AAMConfig, out_dir: str | 
     return version
 
 
-def load_adapter(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[AnonymizingAdapter, AAMConfig, dict]:
+def _read_pair(path, storage_options: dict | None) -> tuple[bytes, bytes, str, str, str]:
+    """(adapter.json bytes, adapter.safetensors bytes, the folder and both files' names for messages)."""
+    src = open_root(str(path) if is_url(path) else Path(path), storage_options)
+    d = str(src.loc())
+    meta_path, weights_path = f"{d}/{META_FILE}", f"{d}/{WEIGHTS_FILE}"
+    got = []
+    for name, where in ((META_FILE, meta_path), (WEIGHTS_FILE, weights_path)):
+        try:
+            got.append(src.read_bytes(name))
+        except (FileNotFoundError, IsADirectoryError):
+            raise FileNotFoundError(f"AAM adapter file missing: {where}") from None
+    return got[0], got[1], d, meta_path, weights_path
+
+
+def load_adapter(path: str | os.PathLike, device: str | torch.device = "cpu",
+                 storage_options: dict | None = None) -> tuple[AnonymizingAdapter, AAMConfig, dict]:
     """Read an adapter written by save_adapter -> (adapter in eval mode, config, meta dict).
     Refuses missing files, unreadable files and any adapter whose content hash != its recorded version."""
-    d = Path(path)
-    meta_path, weights_path = d / META_FILE, d / WEIGHTS_FILE
-    for p in (meta_path, weights_path):
-        if not p.is_file():
-            raise FileNotFoundError(f"AAM adapter file missing: {p}")
+    meta_bytes, weights_bytes, d, meta_path, weights_path = _read_pair(path, storage_options)
 
     try:
-        meta = json.loads(meta_path.read_text())
+        meta = json.loads(meta_bytes.decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{meta_path}: not valid JSON ({e})") from e
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
@@ -125,7 +150,7 @@ def load_adapter(path: str | os.PathLike, device: str | torch.device = "cpu") ->
         raise ValueError(f"{meta_path}: invalid config ({e})") from e
 
     try:
-        tensors = load_file(str(weights_path), device="cpu")
+        tensors = load_tensors(weights_bytes)
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise ValueError(f"{weights_path}: unreadable safetensors file ({e})") from e
 

@@ -5,14 +5,12 @@
     <root>/reports/privacy_utility.png    trade-off: privacy cMAP (x) vs mean utility retention (y)
     <root>/reports/ablations.json / .md   the same for the ablation variants (grouped tables)
 
-Every file is written to a temp name and renamed into place.
+Every file is written atomically: a temp name renamed into place, or one PUT on an object store.
 """
 from __future__ import annotations
 
 import io
 import json
-import os
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -25,15 +23,13 @@ COLUMNS = (  # (report key, header); the privacy columns first, as in the paper
     ("bias_m_gap", "Bias-M gap ↓"), ("gait_top1", "Gait top-1 ↓"))
 
 
-def reports_dir(store: FeatureStore) -> Path:
-    return store.root / "reports"
+def reports_dir(store: FeatureStore):
+    return store.loc("reports")
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.part")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+def _write_atomic(store: FeatureStore, name: str, data: bytes):
+    store.fs.put_atomic(f"reports/{name}", data)
+    return store.loc("reports", name)
 
 
 # ---------------------------------------------------------------- Markdown
@@ -147,27 +143,22 @@ def tradeoff_png(report: dict, title: str = "Privacy–utility trade-off") -> by
 
 def write_privacy_utility_report(store: FeatureStore, report: dict, stem: str = "privacy_utility") -> dict[str, Path]:
     """Write <root>/reports/<stem>.json, .md and .png; returns their paths (keys json, md, png)."""
-    d = reports_dir(store)
-    paths = {"json": d / f"{stem}.json", "md": d / f"{stem}.md", "png": d / f"{stem}.png"}
-    _write_atomic(paths["json"], (json.dumps(report, indent=1) + "\n").encode())
-    _write_atomic(paths["md"], report_markdown(report).encode())
-    _write_atomic(paths["png"], tradeoff_png(report))
-    return paths
+    return {"json": _write_atomic(store, f"{stem}.json", (json.dumps(report, indent=1) + "\n").encode()),
+            "md": _write_atomic(store, f"{stem}.md", report_markdown(report).encode()),
+            "png": _write_atomic(store, f"{stem}.png", tradeoff_png(report))}
 
 
 def write_ablation_report(store: FeatureStore, report: dict, groups: Mapping[str, Sequence[str]],
                           stem: str = "ablations") -> dict[str, Path]:
     """Write <root>/reports/<stem>.json, .md (grouped tables) and .png."""
-    d = reports_dir(store)
-    paths = {"json": d / f"{stem}.json", "md": d / f"{stem}.md", "png": d / f"{stem}.png"}
-    _write_atomic(paths["json"], (json.dumps(report, indent=1) + "\n").encode())
-    _write_atomic(paths["md"], ablation_markdown(report, groups).encode())
-    _write_atomic(paths["png"], tradeoff_png(report, title="Ablations: privacy–utility"))
-    return paths
+    return {"json": _write_atomic(store, f"{stem}.json", (json.dumps(report, indent=1) + "\n").encode()),
+            "md": _write_atomic(store, f"{stem}.md", ablation_markdown(report, groups).encode()),
+            "png": _write_atomic(store, f"{stem}.png", tradeoff_png(report, title="Ablations: privacy–utility"))}
 
 
 def read_report(store: FeatureStore, stem: str = "privacy_utility") -> dict:
-    p = reports_dir(store) / f"{stem}.json"
-    if not p.is_file():
-        raise FileNotFoundError(f"no report at {p}: materialise privacy_utility_report first")
-    return json.loads(p.read_text())
+    try:
+        return store.fs.read_json(f"reports/{stem}.json")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no report at {store.loc('reports', f'{stem}.json')}: "
+                                f"materialise privacy_utility_report first") from None

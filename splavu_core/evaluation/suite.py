@@ -26,18 +26,16 @@ import json
 import math
 import os
 import re
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ..catalog import METRICS_SCHEMA
 from ..features import VideoFeatures, split_of
-from ..store import FeatureStore, StoreError, write_parquet_atomic
+from ..store import FeatureStore, StoreError
 
 # task -> dataset that supplies it (the synthetic benchmark's names; override with datasets=)
 DEFAULT_DATASETS: dict[str, str] = {"ar": "ar", "tad": "tad", "ad": "ad", "privacy": "privacy",
@@ -269,8 +267,12 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.]+", "_", name)
 
 
-def metrics_path(store: FeatureStore, feature_set: str, aam_version: str | None) -> Path:
-    return store.root / "metrics" / f"{_safe(feature_set)}-{_safe(aam_version or RAW)}.parquet"
+def metrics_key(feature_set: str, aam_version: str | None) -> str:
+    return f"metrics/{_safe(feature_set)}-{_safe(aam_version or RAW)}.parquet"
+
+
+def metrics_path(store: FeatureStore, feature_set: str, aam_version: str | None):
+    return store.loc(metrics_key(feature_set, aam_version))
 
 
 
@@ -289,21 +291,22 @@ def write_metric_rows(store: FeatureStore, rows: Sequence[dict]) -> list[Path]:
     paths = []
     with store.lock("metrics"):
         for (feature_set, version), new in groups.items():
-            p = metrics_path(store, feature_set, version)
+            key = metrics_key(feature_set, version)
             tasks = {r["task"] for r in new}
-            old = pq.read_table(p).to_pylist() if p.is_file() else []
+            old = store.fs.read_parquet(key).to_pylist() if store.fs.isfile(key) else []
             kept = [r for r in old if r["task"] not in tasks]
-            write_parquet_atomic(metrics_table(kept + list(new)), p)
-            paths.append(p)
+            store.fs.write_parquet(key, metrics_table(kept + list(new)))
+            paths.append(store.loc(key))
     return paths
 
 
 def read_metric_rows(store: FeatureStore, feature_set: str, aam_version: str | None) -> list[dict]:
     """The rows of one feature set (aam_version None: the raw baseline) from its metrics file ([] if none)."""
-    p = metrics_path(store, feature_set, aam_version)
-    if not p.is_file():
+    key = metrics_key(feature_set, aam_version)
+    if not store.fs.isfile(key):
         return []
-    return [r for r in pq.read_table(p).to_pylist() if r["feature_set"] == feature_set and r["aam_version"] == aam_version]
+    return [r for r in store.fs.read_parquet(key).to_pylist()
+            if r["feature_set"] == feature_set and r["aam_version"] == aam_version]
 
 
 # ---------------------------------------------------------------- the report
@@ -423,13 +426,6 @@ def _key(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _write_json_atomic(obj, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.part")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
-
-
 def privacy_budget_measure(store: FeatureStore, version: str, dataset: str = "privacy",
                            probe_kwargs: dict | None = None, use_cache: bool = True) -> dict:
     """Privacy attack on the raw vs the `version`-anonymized features of `dataset`.
@@ -449,18 +445,18 @@ def privacy_budget_measure(store: FeatureStore, version: str, dataset: str = "pr
                          f"the leakage of version {version} cannot be measured")
     key = _key({"version": version, "shards": _shard_state(store, shards), "probe": probe_kwargs or {},
                 "fingerprint": store.encoder_fingerprint()})
-    cache = store.root / "reports" / "privacy_budget" / f"{_safe(version)}.json"
-    if use_cache and cache.is_file():
-        hit = json.loads(cache.read_text())
+    cache = f"reports/privacy_budget/{_safe(version)}.json"
+    if use_cache and store.fs.isfile(cache):
+        hit = store.fs.read_json(cache)
         if hit.get("key") == key:
             return {**hit["measure"], "cached": True}
     raw = load_video_features(store, source="raw", shards=shards)
     if set(shards) <= _published_shards(store, version):
         anon, source = load_video_features(store, source="anonymized", version=version, shards=shards), "published"
     else:
-        adapter_dir = store.root / "aam" / version
+        adapter_dir = store.loc("aam", version)
         try:
-            adapter, _, meta = load_adapter(adapter_dir)
+            adapter, _, meta = load_adapter(adapter_dir, storage_options=getattr(store.fs, "storage_options", None))
         except FileNotFoundError as e:
             raise PublishError(f"version {version}: no published privacy tables and no adapter at {adapter_dir}") from e
         if meta["encoder_fingerprint"] != store.encoder_fingerprint():
@@ -480,7 +476,7 @@ def privacy_budget_measure(store: FeatureStore, version: str, dataset: str = "pr
                "raw_cmap": raw_c, "anonymized_cmap": anon_c, "chance_cmap": chance,
                "raw_branch": r.details["privacy"]["branch"], "anonymized_branch": a.details["privacy"]["branch"],
                "leakage_removed": leakage_removed_or_none(raw_c, anon_c, chance)}
-    _write_json_atomic({"key": key, "measure": measure, "created_at": _now().isoformat()}, cache)
+    store.fs.write_json(cache, {"key": key, "measure": measure, "created_at": _now().isoformat()})
     return {**measure, "cached": False}
 
 
