@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export DAGSTER_HOME := $(CURDIR)/.dagster_home
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: demo test setup ablations bench clean
+.PHONY: demo test setup ablations baselines bench clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -29,6 +29,9 @@ test: setup
 
 ablations: setup
 	$(BIN)/splavu ablations
+
+baselines: setup
+	$(BIN)/splavu baselines --masks rendered
 
 bench: setup
 	$(BIN)/python benchmarks/extract.py

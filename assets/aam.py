@@ -8,6 +8,7 @@ import dagster as dg
 from pydantic import Field
 
 from pipeline.resources import StoreResource
+from splavu_core import costs
 from splavu_core.aam.io import adapter_version, save_adapter
 from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
 
@@ -87,6 +88,7 @@ def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, stor
     record_version(fs, version, {"encoder_fingerprint": fingerprint, "config": acfg.to_dict()},
                    {"selected_epoch": summary["selected_epoch"], **summary["final"]},
                    make_current=False)  # becomes current once its tables are published
+    costs.record(fs, "splavu", "train", version, summary["seconds"])
     final_losses = {k: v for k, v in summary["final"].items() if k not in ("epoch",)}
     return dg.MaterializeResult(metadata={
         "version": version, "parameters": summary["parameters"], "encoder_fingerprint": fingerprint,

@@ -21,6 +21,7 @@ from pydantic import Field
 
 from pipeline.partitions import shards
 from pipeline.resources import StoreResource
+from splavu_core import costs
 from splavu_core.publish import (PublishError, anonymize_shard, apply_retention, current_version, published_rows,
                                  published_shards, read_versions, set_current, versions_path)
 from splavu_core.evaluation.suite import passes_privacy_budget
@@ -155,6 +156,8 @@ def anonymized_features(context: dg.AssetExecutionContext, config: AnonymizeConf
     shard = context.partition_key
     version = resolve_version(fs, config.aam_version)
     res = anonymize_shard(fs, shard, adapter_dir(fs, version))
+    if not res["skipped"]:
+        costs.record(fs, "splavu", "anonymize", f"{version}/{shard}", res["seconds"], clips=res["rows"])
     current, why = maybe_promote(fs, version)
     done = "already published, skipped" if res["skipped"] else f"published {res['rows']} rows"
     context.log.info(f"{shard}: AAM {version}: {done}; current: {current} ({why})")

@@ -1,8 +1,10 @@
 """Evaluation assets (raw latents vs the current anonymized table), the report, and the two gates.
 
     action_recognition_eval, temporal_detection_eval, anomaly_detection_eval, privacy_attack_eval,
-    bias_eval, gait_eval      metric rows for feature sets 'raw' and 'splavu' -> <root>/metrics/*.parquet
-    privacy_utility_report    <root>/reports/privacy_utility.{json,md,png}, attached to the materialisation
+    bias_eval, gait_eval      metric rows for feature sets 'raw', 'splavu' and every pixel baseline store
+                              (<root>/baselines/pixel_*) -> <root>/metrics/*.parquet
+    privacy_utility_report    <root>/reports/privacy_utility.{json,md,png}: one row per feature set and the
+                              cost of each approach (splavu_core.costs), attached to the materialisation
     privacy_budget            BLOCKING check on anonymized_features: share of above-chance leakage removed
     utility_retention         WARN check on privacy_utility_report: each utility metric >= fraction of raw
 
@@ -24,6 +26,8 @@ from splavu_core.evaluation.suite import (DEFAULT_DATASETS, RAW, UTILITY_KEYS, b
 from splavu_core.evaluation.suite import DEFAULT_PRIVACY_BUDGET, PRIVACY_BUDGET_ENV
 from splavu_core.evaluation.suite import utility_retention as retention_per_metric
 from pipeline.inprocess import quiet
+from splavu_core import costs
+from splavu_core.baselines import eval_shards, existing_baselines, stale_shards
 
 ANONYMIZED = dg.AssetKey("anonymized_features")
 CLIP_LATENTS = dg.AssetKey("clip_latents")
@@ -90,15 +94,29 @@ def evaluate_tasks(context, store: StoreResource, config: EvalConfig, tasks: tup
                                      attributes=attrs, log=log)
     extra = derived_rows(raw_rows, anon_rows)
     rows = list(raw_rows) + list(anon_rows) + extra
+    baseline_rows = {}
+    for name, bfs in existing_baselines(fs).items():  # pixel baselines: same probes on their own stores
+        stale = stale_shards(fs, bfs, [datasets[t] for t in tasks])
+        if stale:
+            context.log.warning(f"{name}: not scored: shards {stale} are missing or were extracted from other "
+                                f"manifests than the raw store's (materialise pixel_baseline_latents)")
+            continue
+        feats = load_feature_sets(bfs, tasks, "raw", datasets=datasets)
+        b = evaluate_feature_set(feats, name, None, which=tasks, datasets=datasets, probe_kwargs=kw,
+                                 attributes=attrs, log=log)
+        baseline_rows[name] = b
+        rows += list(b) + derived_rows(raw_rows, b)
     paths = write_metric_rows(fs, rows) if rows else []
     md = {"aam_version": version, "rows": len(rows), "paths": dg.MetadataValue.json([str(p) for p in paths]),
           "skipped": dg.MetadataValue.json({**raw_rows.skipped, **{f"{SPLAVU}:{k}": v for k, v in anon_rows.skipped.items()}})}
     for r in rows:  # flat floats: Dagster plots them across materialisations
         md[f"{r['feature_set']}/{r['task']}/{r['metric']}"] = float(r["value"])
-    table = ["| task | metric | raw | splavu |", "|---|---|---:|---:|"]
+    others = {SPLAVU: anon_rows, **baseline_rows}
+    table = ["| task | metric | raw | " + " | ".join(others) + " |", "|---|---|---:|" + "---:|" * len(others)]
     for r in raw_rows:
-        a = metric_value(anon_rows, r["task"], r["metric"])
-        table.append(f"| {r['task']} | {r['metric']} | {r['value']:.4f} | {'—' if a is None else f'{a:.4f}'} |")
+        vals = [metric_value(o, r["task"], r["metric"]) for o in others.values()]
+        table.append(f"| {r['task']} | {r['metric']} | {r['value']:.4f} | "
+                     + " | ".join("—" if a is None else f"{a:.4f}" for a in vals) + " |")
     for r in extra:
         table.append(f"| {r['task']} | {r['metric']} | | {r['value']:.4f} |")
     md["table"] = dg.MetadataValue.md("\n".join(table))
@@ -161,7 +179,17 @@ def privacy_utility_report(context: dg.AssetExecutionContext, config: ReportConf
     if not raw_rows or not anon_rows:
         raise dg.Failure(f"no metric rows for {'raw' if not raw_rows else 'splavu ' + version} in {fs.root / 'metrics'}: "
                          f"materialise the *_eval assets first")
-    report = build_report(fs.encoder_fingerprint(), version, raw_rows, {SPLAVU: anon_rows})
+    baselines = existing_baselines(fs)
+    variants = {SPLAVU: anon_rows}
+    for name in baselines:
+        b = read_metric_rows(fs, name, None)
+        if b:
+            variants[name] = b
+        else:
+            context.log.warning(f"{name}: its store has latents but no metric rows: materialise the *_eval assets")
+    report = build_report(fs.encoder_fingerprint(), version, raw_rows, variants)
+    report["costs"] = costs.compare(fs, version, eval_shards(fs, DEFAULT_DATASETS.values()),
+                                    {n: baselines[n] for n in variants if n in baselines})
     paths = write_privacy_utility_report(fs, report)
     png = paths["png"].read_bytes()
     splavu = report["rows"][1]

@@ -5,6 +5,7 @@ import dagster as dg
 
 from pipeline.partitions import shards
 from pipeline.resources import EncoderResource, StoreResource
+from splavu_core import costs
 from splavu_core.extract import extract_shard, manifest_hash
 from splavu_core.registry import dataset_of, shard_rows
 
@@ -42,6 +43,8 @@ def extracted_latents(context: dg.AssetExecutionContext, store: StoreResource, e
                              log=context.log.warning, progress=progress)
         marker, skipped = fs.write_shard(shard, data, prov, mhash), False
     secs = time.perf_counter() - t0
+    if not skipped:  # the cost ledger: what producing features from these videos took
+        costs.record(fs, "raw", "extract", shard, secs, videos=marker["videos"], clips=marker["clips"])
     common = {"encoder_fingerprint": prov["encoder_fingerprint"], "skipped": skipped,
               "path": str(fs.shard_dir(shard))}
     yield dg.MaterializeResult(asset_key="clip_latents", metadata={

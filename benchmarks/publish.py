@@ -84,7 +84,7 @@ def build_store(root: Path, n: int, dim: int, seed: int) -> FeatureStore:
     return store
 
 
-def make_adapter(store: FeatureStore, dim: int, seed: int) -> Path:
+def make_adapter(store: FeatureStore, dim: int, seed: int, fingerprint: str = FP) -> Path:
     torch.manual_seed(seed)
     cfg = AAMConfig(dim=dim)  # the default adapter: 3 layers, 8 heads, 8 sub-tokens of width 64
     adapter = AnonymizingAdapter(cfg)
@@ -93,7 +93,7 @@ def make_adapter(store: FeatureStore, dim: int, seed: int) -> Path:
             if name.endswith("proj.weight") or name.startswith("out."):
                 p.normal_(0, 0.05)
     tmp = store.root / "aam" / "tmp-bench"
-    version = save_adapter(adapter, cfg, tmp, FP)
+    version = save_adapter(adapter, cfg, tmp, fingerprint)
     final = store.root / "aam" / version
     tmp.rename(final)
     return final

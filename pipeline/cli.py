@@ -7,6 +7,7 @@
     splavu publish [--version V]                            anonymized tables + DuckDB catalog
     splavu evaluate                                         privacy-utility report (raw vs anonymized)
     splavu ablations                                        the paper's ablations on the same latents
+    splavu baselines [--masks rendered|hog]                 pixel-space baselines, scored beside splavu
     splavu sql "SELECT ..."  /  splavu neighbors VIDEO_ID   analysts: query the catalog read-only
     splavu demo                                             all of the above on the embedded default
 """
@@ -20,6 +21,7 @@ import time
 from pathlib import Path
 
 from splavu_core.manifest import ManifestError
+from splavu_core.masks import PixelError
 from splavu_core.store import StoreError
 from pipeline.inprocess import quiet
 
@@ -148,12 +150,27 @@ def cmd_evaluate(args) -> int:
 def cmd_ablations(args) -> int:
     from pipeline.ablations import run_ablations
     from pipeline.runner import instance
+    from splavu_core.store import FeatureStore
 
     root = _store_root(args)
-    from splavu_core.store import FeatureStore
     run_ablations(root, variants=args.variants, epochs=args.epochs, instance=instance())
     print(FeatureStore(root).fs.read_text("reports/ablations.md"))
     return 0
+
+
+def cmd_baselines(args) -> int:
+    from pipeline.resources import EncoderResource, StoreResource
+    from pipeline.runner import instance, run_baselines
+    from splavu_core.pixel import BASELINES
+
+    root = _store_root(args)
+    names = args.only or list(BASELINES)
+    print(f"pixel baselines {names} (person masks: {args.masks}): re-decoding and re-encoding the evaluation videos")
+    t0 = time.perf_counter()
+    run_baselines(instance(), StoreResource(root=root), EncoderResource(checkpoint=args.checkpoint or EncoderResource().checkpoint),
+                  names, mask_source=args.masks, datasets=args.dataset or ())
+    print(f"extracted in {time.perf_counter() - t0:.0f} s; scoring every feature set")
+    return 0 if args.no_evaluate else cmd_evaluate(args)
 
 
 def cmd_demo(args) -> int:
@@ -267,6 +284,17 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int)
     p.set_defaults(fn=cmd_ablations)
 
+    p = sub.add_parser("baselines", help="pixel-space baselines (blur, blacken, 2x/4x downsampling) through the same "
+                                         "encoder and evaluation; adds their rows and costs to the report")
+    p.add_argument("--only", nargs="*", help="baselines to run (default: all of blur blacken down2 down4)")
+    p.add_argument("--masks", default="none", choices=["none", "rendered", "hog"],
+                   help="person masks for blur/blacken: the synthetic renderer's (rendered) or OpenCV HOG (hog); "
+                        "none skips them")
+    p.add_argument("--dataset", nargs="*", help="datasets to re-extract (default: every evaluation dataset)")
+    p.add_argument("--checkpoint", help="the raw store's encoder (default: the demo encoder)")
+    p.add_argument("--no-evaluate", action="store_true", help="extract only")
+    p.set_defaults(fn=cmd_baselines)
+
     p = sub.add_parser("demo", help="run the pipeline on the embedded synthetic benchmark")
     p.add_argument("--data", default="data/synth")
     p.add_argument("--scale", default="demo", choices=["tiny", "demo", "large"])
@@ -291,7 +319,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         return args.fn(args)
-    except (ManifestError, StoreError) as e:
+    except (ManifestError, StoreError, PixelError) as e:
         print(f"splavu: error: {e}", file=sys.stderr)
         return 2
 

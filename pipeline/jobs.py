@@ -1,6 +1,7 @@
 """Jobs: what a data engineer or a schedule runs."""
 import dagster as dg
 
+from assets.baselines import pixel_baselines
 from pipeline.partitions import shards
 
 extract_job = dg.define_asset_job(
@@ -10,3 +11,8 @@ extract_job = dg.define_asset_job(
 evaluate_job = dg.define_asset_job(
     "evaluate", selection=dg.AssetSelection.groups("evaluation"),
     description="Score raw and anonymized features on every task and write the privacy-utility report.")
+
+pixel_baselines_job = dg.define_asset_job(
+    "pixel_baselines", selection=dg.AssetSelection.groups("baselines"), partitions_def=pixel_baselines,
+    description="Re-extract the evaluation datasets through one pixel-space anonymizer per partition (blur, blacken, "
+                "2x/4x downsampling) into its own store; then run `evaluate` to score them beside raw and splavu.")

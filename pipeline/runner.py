@@ -48,3 +48,23 @@ def materialize_shard(inst, shard: str, store: StoreResource, encoder: EncoderRe
     assets, _ = assets_for(*selection)
     return dg.materialize(assets, instance=inst, partition_key=shard, resources={"store": store, "encoder": encoder}, run_config=quiet(),
                           selection=list(selection), tags={"splavu/entry": "cli"})
+
+
+def run_baselines(inst, store: StoreResource, encoder: EncoderResource, names, mask_source: str = "none",
+                  datasets=(), log=print) -> dict[str, dict]:
+    """Materialise pixel_baseline_latents for each baseline in `names`; returns name -> its metadata."""
+    from assets.baselines import pixel_baseline_latents
+
+    out = {}
+    for name in names:
+        cfg = {"mask_source": mask_source, "datasets": list(datasets)}
+        res = dg.materialize([pixel_baseline_latents], instance=inst, partition_key=name, tags={"splavu/entry": "cli"},
+                             resources={"store": store, "encoder": encoder},
+                             run_config=quiet({"ops": {"pixel_baseline_latents": {"config": cfg}}}))
+        md = {k: v.value for k, v in res.asset_materializations_for_node("pixel_baseline_latents")[0].metadata.items()}
+        out[name] = md
+        if log:
+            log(f"  pixel_{name:8s} skipped: {md['reason']}" if md["skipped"] else
+                f"  pixel_{name:8s} {md['shards_extracted']} shards extracted ({md['shards_skipped']} already done), "
+                f"{md['clips']} clips in {md['seconds']:.0f} s")
+    return out

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from .encoders.vfm import FrozenEncoder
+from .pixel import PixelAnonymizer
 from .sampling import ClipSampling, ClipSpan
 from .store import CLIP_INDEX_SCHEMA, QUARANTINE_SCHEMA, STATIC_INDEX_SCHEMA, ShardLatents
 from .video import DecordVideo, VideoError
@@ -35,8 +36,9 @@ class DecodedVideo:
     error: str | None = None
 
 
-def decode_video(row: dict, root: Path, sampling: ClipSampling, want_static: bool, threads: int = 1) -> DecodedVideo:
-    """Decode exactly the frames a video's clips (and static clips) need."""
+def decode_video(row: dict, root: Path, sampling: ClipSampling, want_static: bool, threads: int = 1,
+                 pixel: PixelAnonymizer | None = None) -> DecodedVideo:
+    """Decode exactly the frames a video's clips (and static clips) need; `pixel` anonymizes them first."""
     path = root / row["path"]
     empty = DecodedVideo(row, [], 0.0, None, np.zeros(0, np.int64), None)
     try:
@@ -48,6 +50,8 @@ def decode_video(row: dict, root: Path, sampling: ClipSampling, want_static: boo
         static_idx = sampling.static_frames(v.info.n_frames) if want_static else np.zeros(0, np.int64)
         wanted = np.unique(np.concatenate([np.concatenate([c.frames for c in clips]), static_idx]))
         frames = v.frames(wanted)  # (F, H, W, 3)
+        if pixel is not None:  # a pixel baseline: the encoder only ever sees the transformed frames
+            frames = pixel(path, wanted, frames)
         pos = {int(f): i for i, f in enumerate(wanted)}
         clip_frames = np.stack([frames[[pos[int(f)] for f in c.frames]] for c in clips])
         static_frames = frames[[pos[int(f)] for f in static_idx]] if len(static_idx) else None
@@ -63,8 +67,12 @@ def manifest_hash(rows: list[dict]) -> str:
 
 def extract_shard(shard: str, rows: list[dict], root: Path, encoder: FrozenEncoder, sampling: ClipSampling,
                   batch_size: int = 16, decode_threads: int = 2, static_splits=("train",),
-                  log: Callable[[str], None] | None = None, progress: Callable[[int], None] | None = None) -> ShardLatents:
-    """Latents of every usable video in `rows`, in manifest order, clips in temporal order."""
+                  log: Callable[[str], None] | None = None, progress: Callable[[int], None] | None = None,
+                  pixel: PixelAnonymizer | None = None) -> ShardLatents:
+    """Latents of every usable video in `rows`, in manifest order, clips in temporal order.
+
+    `pixel`: a pixel-space baseline applied to the decoded frames before the encoder (its latents
+    belong in that baseline's own store, see splavu_core.pixel)."""
     assert sampling.clip_len == encoder.num_frames, (
         f"clip_len {sampling.clip_len} differs from the encoder's num_frames {encoder.num_frames}")
     root = Path(root)
@@ -91,7 +99,7 @@ def extract_shard(shard: str, rows: list[dict], root: Path, encoder: FrozenEncod
         while todo or inflight:
             while todo and len(inflight) < 2 * max(1, decode_threads):  # bounded read-ahead
                 r = todo.popleft()
-                inflight.append(pool.submit(decode_video, r, root, sampling, r["split"] in static_splits))
+                inflight.append(pool.submit(decode_video, r, root, sampling, r["split"] in static_splits, 1, pixel))
             dv = inflight.popleft().result()
             vid = dv.row["video_id"]
             if dv.error:

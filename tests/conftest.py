@@ -67,3 +67,23 @@ def tiny_store(tiny_bench, tiny_videomae, tmp_path_factory):
         for key in ingest(inst, store, name, str(bench / name / "manifest.csv"), 64):
             assert materialize_shard(inst, key, store, enc).success
     return root
+
+
+@pytest.fixture(scope="session")
+def run_baseline(tiny_videomae):
+    """Materialise one pixel baseline's latents (tiny encoder) in a store; returns its metadata values."""
+    import dagster as dg
+
+    from assets.baselines import pixel_baseline_latents
+    from pipeline.inprocess import quiet
+    from pipeline.resources import EncoderResource, StoreResource
+
+    def run(root, name, **cfg):
+        res = dg.materialize([pixel_baseline_latents], partition_key=name,
+                             resources={"store": StoreResource(root=str(root)),
+                                        "encoder": EncoderResource(checkpoint=str(tiny_videomae))},
+                             run_config=quiet({"ops": {"pixel_baseline_latents": {"config": cfg}}}))
+        assert res.success
+        return {k: v.value for k, v in res.asset_materializations_for_node("pixel_baseline_latents")[0].metadata.items()}
+
+    return run

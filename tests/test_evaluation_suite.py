@@ -207,7 +207,9 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
 
     # the report: exact schema, numbers from the rows, Markdown with relative changes, PNG
     report = json.loads((root / "reports" / "privacy_utility.json").read_text())
-    assert set(report) == {"encoder_fingerprint", "aam_version", "rows"}
+    assert set(report) == {"encoder_fingerprint", "aam_version", "rows", "costs"}
+    # the fixtures ran no asset, so no step recorded its cost: said, never made up
+    assert report["costs"]["splavu"]["produce_seconds"] is None and report["costs"]["splavu"]["missing"]
     assert report["encoder_fingerprint"] == fs.encoder_fingerprint() and report["aam_version"] == version
     assert [r["name"] for r in report["rows"]] == ["raw", "splavu"]
     r, s = report["rows"]
@@ -231,6 +233,40 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
     assert ev_check.severity == dg.AssetCheckSeverity.WARN
     passed, _, _ = ev.retention_verdict(report, 0.0)
     assert passed
+
+
+def test_pixel_baselines_are_scored_and_costed_beside_splavu(published, run_baseline, tmp_path):
+    from assets import evaluation as ev
+    from pipeline.resources import StoreResource
+    from splavu_core import costs
+
+    src, version = published
+    fs = _copy(src, tmp_path / "store")
+    shards = fs.committed_shards()
+    for s in shards:  # hand-set ledger of the splavu path, to check the arithmetic
+        costs.record(fs, "raw", "extract", s, 1.0)
+        costs.record(fs, "splavu", "anonymize", f"{version}/{s}", 0.5)
+    costs.record(fs, "splavu", "train", version, 2.0)
+    run_baseline(fs.root, "down4")  # every evaluation dataset of the store
+    assert ev.run_evaluation(StoreResource(root=str(fs.root)), config=FAST_PROBES).success
+
+    report = json.loads((fs.root / "reports" / "privacy_utility.json").read_text())
+    assert [r["name"] for r in report["rows"]] == ["raw", "splavu", "pixel_down4"]
+    rows = pq.read_table(fs.root / "metrics" / "pixel_down4-raw.parquet").to_pylist()
+    px = report["rows"][2]
+    assert px["ar_top1"] == suite.metric_value(rows, "ar", "top1") and px["privacy_cmap"] == suite.metric_value(rows, "privacy", "cmap")
+    assert px["leakage_removed"] == pytest.approx(suite.metric_value(rows, "privacy", "leakage_removed"))
+    c = report["costs"]
+    n = len(shards)
+    assert c["splavu"]["produce_seconds"] == pytest.approx(n * 1.0 + 2.0 + n * 0.5) and not c["splavu"]["missing"]
+    assert c["splavu"]["change_seconds"] == pytest.approx(2.0 + n * 0.5)
+    pixel_secs = sum(e["seconds"] for e in costs.entries(FeatureStore(fs.root / "baselines" / "pixel_down4"),
+                                                         "pixel_down4", "extract").values())
+    assert pixel_secs > 0 and c["pixel_down4"]["produce_seconds"] == pytest.approx(pixel_secs) and c["pixel_down4"]["shards"] == n
+    assert c["pixel_down4"]["change_ratio_vs_splavu"] == pytest.approx(pixel_secs / (2.0 + n * 0.5))
+    assert c["pixel_down4"]["produce_ratio_vs_splavu"] == pytest.approx(pixel_secs / (n * 1.0 + 2.0 + n * 0.5))
+    table = (fs.root / "reports" / "privacy_utility.md").read_text()
+    assert "| pixel_down4 |" in table and "### Cost" in table
 
 
 def test_utility_retention_verdict_hand_checked():

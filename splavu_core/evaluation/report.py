@@ -81,8 +81,41 @@ def _footer(report: dict, version_note: str | None = None) -> list[str]:
     return notes
 
 
+def _secs(v: float | None) -> str:
+    return "not recorded" if v is None else f"{v:,.1f}"
+
+
+def _times(v: float | None) -> str:
+    return "—" if v is None else f"{v:.2f}×"
+
+
+def costs_markdown(costs: Mapping) -> list[str]:
+    """The report's cost section: wall time to produce the published features from videos, and to change the
+    anonymizer, as recorded by each step (splavu_core.costs)."""
+    sp = costs["splavu"]
+    lines = ["### Cost", "", "| Features | Shards | Produce from videos (s) | Change of anonymizer (s) "
+             "| Produce ÷ splavu | Change ÷ splavu |", "|---|---:|---:|---:|---:|---:|",
+             f"| splavu | {sp['shards']} | {_secs(sp['produce_seconds'])} | {_secs(sp['change_seconds'])} | 1× | 1× |"]
+    for name, c in costs.items():
+        if name.startswith("pixel_"):
+            lines.append(f"| {name} | {c['shards']} | {_secs(c['produce_seconds'])} | {_secs(c['change_seconds'])} | "
+                         f"{_times(c['produce_ratio_vs_splavu'])} | {_times(c['change_ratio_vs_splavu'])} |")
+    lines += ["", f"splavu: produce = extract raw latents ({_secs(sp['extract_seconds'])} s) + train the AAM "
+                  f"({_secs(sp['train_seconds'])} s) + anonymize ({_secs(sp['anonymize_seconds'])} s); a change of "
+                  f"anonymizer = train + anonymize from cached latents. A pixel method's change re-decodes and "
+                  f"re-encodes every video. Ratios compare each baseline with splavu on the shards the baseline "
+                  f"has. Wall times as recorded when each step ran, not in one controlled run "
+                  f"(benchmarks/pixel_baselines.py is that)."]
+    missing = list(dict.fromkeys(sp["missing"] + [m for n, c in costs.items() if n.startswith("pixel_")
+                                                  for m in c["missing"]]))
+    if missing:
+        lines.append(f"Not recorded: {', '.join(missing[:8])}{' …' if len(missing) > 8 else ''}.")
+    return lines + [""]
+
+
 def report_markdown(report: dict, title: str = "Privacy–utility trade-off") -> str:
-    return "\n".join([f"## {title}", "", table_markdown(report["rows"]), ""] + _footer(report)) + "\n"
+    cost = costs_markdown(report["costs"]) if report.get("costs") else []
+    return "\n".join([f"## {title}", "", table_markdown(report["rows"]), ""] + cost + _footer(report)) + "\n"
 
 
 def ablation_markdown(report: dict, groups: Mapping[str, Sequence[str]]) -> str:

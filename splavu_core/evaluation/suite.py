@@ -12,7 +12,9 @@ catalog's `metrics` view). `build_report` turns rows into the privacy-utility re
 
 Report JSON: {"encoder_fingerprint": str, "aam_version": str,
               "rows": [{"name", "privacy_cmap", "privacy_f1", "privacy_chance_cmap", "ar_top1", "tad_map",
-                        "ad_auc", "bias_f_gap", "bias_m_gap", "gait_top1"}]}
+                        "ad_auc", "bias_f_gap", "bias_m_gap", "gait_top1"}],
+              "costs": splavu_core.costs.compare(...)   (privacy_utility_report only)}
+Rows are named raw, splavu, and pixel_<name> for each pixel baseline (splavu_core.pixel).
 Non-raw rows add "leakage_removed" = (raw - anon) / (raw - chance) of the privacy cMAP and
 "relative_change" = {key: (anon - raw) / raw}. A metric of a skipped task is null.
 

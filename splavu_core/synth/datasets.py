@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..masks import mask_path, write_masks
 from .figure import ACTIONS, PRIVATE_ATTRIBUTES, Actor, random_actor
 from .render import FPS, render, random_shot
 
@@ -189,17 +190,27 @@ def _plan_gait(name, cfg, rng, base):
     return plans
 
 
-def render_plan(p: VideoPlan) -> np.ndarray:
+def render_plan(p: VideoPlan, with_masks: bool = False):
+    """(T, H, W, 3) uint8 frames of a planned video (and its (T, H, W) bool person masks)."""
     rng = np.random.default_rng(p.key)
     shot = random_shot(rng, closeup=p.closeup)
-    return render(p.actor, p.timeline, p.n_frames, rng, shot=shot, static_frame=0 if p.static else None)
+    return render(p.actor, p.timeline, p.n_frames, rng, shot=shot, static_frame=0 if p.static else None,
+                  with_masks=with_masks)
+
+
+def _missing(p: VideoPlan, root: Path) -> bool:
+    return not (root / p.path).exists() or not mask_path(root / p.path).exists()
 
 
 def _write_one(args):
+    """Video and its true person masks (<stem>.mask.npz, the pixel baselines' person region)."""
     p, root = args
     from ..video import write_mp4
 
-    write_mp4(root / p.path, render_plan(p), FPS)
+    frames, masks = render_plan(p, with_masks=True)
+    if not (root / p.path).exists():
+        write_mp4(root / p.path, frames, FPS)
+    write_masks(mask_path(root / p.path), masks)
     return p.video_id
 
 
@@ -216,7 +227,9 @@ def manifest_rows(plans: list[VideoPlan]) -> list[dict]:
 
 def generate(out: str | os.PathLike, scale: str = "demo", seed: int = 0, workers: int | None = None,
              datasets=DATASETS, progress=None) -> dict[str, dict]:
-    """Write each dataset to `out/<name>/` (videos + manifest.csv). Returns a summary per dataset."""
+    """Write each dataset to `out/<name>/` (videos, their person masks, manifest.csv). Returns a summary per dataset.
+
+    Existing videos are kept (same seed, same bytes); only what is missing is rendered."""
     import csv
 
     out = Path(out)
@@ -227,7 +240,7 @@ def generate(out: str | os.PathLike, scale: str = "demo", seed: int = 0, workers
     for name in datasets:
         root = out / name
         (root / "videos").mkdir(parents=True, exist_ok=True)
-        jobs += [(p, root) for p in plans[name] if not (root / p.path).exists()]
+        jobs += [(p, root) for p in plans[name] if _missing(p, root)]
     if workers > 1 and len(jobs) > 8:
         with ProcessPoolExecutor(workers) as ex:
             done = ex.map(_write_one, jobs, chunksize=4)

@@ -33,11 +33,13 @@ def random_shot(rng: np.random.Generator, closeup: bool = False) -> Shot:
 
 
 def render(actor: Actor, timeline: list[tuple[str, int, int]], n_frames: int, rng: np.random.Generator,
-           shot: Shot | None = None, size: int = SIZE, static_frame: int | None = None) -> np.ndarray:
+           shot: Shot | None = None, size: int = SIZE, static_frame: int | None = None,
+           with_masks: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Frames of `actor` performing `timeline` [(action, start_frame, end_frame), ...] (idle elsewhere).
 
     `static_frame`: render that single frame and repeat it (a "boring video" / static clip).
-    Returns (T, H, W, 3) uint8.
+    Returns (T, H, W, 3) uint8, and with `with_masks` also the actor's true silhouette (T, H, W) bool
+    (the person region of the pixel baselines).
     """
     shot = shot or random_shot(rng)
     margin = 4
@@ -53,6 +55,7 @@ def render(actor: Actor, timeline: list[tuple[str, int, int]], n_frames: int, rn
     shake = rng.normal(0, shot.jitter, (n_frames, 2)) if shot.jitter > 0 else np.zeros((n_frames, 2))
     gain = np.asarray(shot.tint) * shot.gain
     frames = np.empty((n_frames, size, size, 3), dtype=np.uint8)
+    masks = np.zeros((n_frames, size, size), dtype=bool) if with_masks else None
     todo = [static_frame] if static_frame is not None else range(n_frames)
     height = shot.height * size
     for i in todo:
@@ -61,6 +64,12 @@ def render(actor: Actor, timeline: list[tuple[str, int, int]], n_frames: int, rn
         root = (shot.root_x * size + (ox - margin), shot.root_y * size + (oy - margin))
         draw_actor(img, actor, q[i], root, height)
         frames[i] = np.clip(np.asarray(img, dtype=np.float32) * gain, 0, 255).astype(np.uint8)
+        if with_masks:  # the same drawing on black: no actor colour is pure black
+            silhouette = Image.new("RGB", (size, size))
+            draw_actor(silhouette, actor, q[i], root, height)
+            masks[i] = np.asarray(silhouette).any(-1)
     if static_frame is not None:
         frames[:] = frames[static_frame]
-    return frames
+        if with_masks:
+            masks[:] = masks[static_frame]
+    return (frames, masks) if with_masks else frames

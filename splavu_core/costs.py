@@ -1,0 +1,87 @@
+"""Wall time of every step that turns videos into published features, recorded as the step runs.
+
+    <root>/costs/<feature_set>/<stage>/<key>.json   {feature_set, stage, key, seconds, videos, clips, recorded_at}
+
+    feature_set  "raw" / "splavu" / "pixel_<name>"
+    stage        extract (key: shard) | train (key: AAM version) | anonymize (key: <version>/<shard>)
+
+One small file per unit of work, written atomically, so concurrent runs never contend and a rerun
+of the same unit replaces its figure. Only work actually done is recorded (a skipped shard is not).
+`compare` turns the ledger into the report's cost section.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from datetime import datetime, timezone
+
+from .store import FeatureStore
+from .storefs import join
+
+STAGES = ("extract", "train", "anonymize")
+
+
+def _dir(feature_set: str, stage: str) -> str:
+    assert stage in STAGES, f"unknown cost stage {stage!r}; choose from {STAGES}"
+    return join("costs", feature_set, stage)
+
+
+def record(store: FeatureStore, feature_set: str, stage: str, key: str, seconds: float, **counts) -> dict:
+    entry = {"feature_set": feature_set, "stage": stage, "key": key, "seconds": float(seconds), **counts,
+             "recorded_at": datetime.now(timezone.utc).isoformat()}
+    store.fs.write_json(join(_dir(feature_set, stage), f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', key)}.json"), entry)
+    return entry
+
+
+def entries(store: FeatureStore, feature_set: str, stage: str) -> dict[str, dict]:
+    """key -> entry of one feature set and stage."""
+    d = _dir(feature_set, stage)
+    if not store.fs.isdir(d):
+        return {}
+    return {e["key"]: e for e in (store.fs.read_json(k) for k in sorted(store.fs.glob(d, ".json")))}
+
+
+def total(store: FeatureStore, feature_set: str, stage: str, keys: Sequence[str]) -> tuple[float | None, list[str]]:
+    """Sum of seconds over `keys`, or None and the keys with nothing recorded."""
+    have = entries(store, feature_set, stage)
+    missing = [k for k in keys if k not in have]
+    return (None if missing or not keys else float(sum(have[k]["seconds"] for k in keys))), missing
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else float(a / b)
+
+
+def splavu_costs(store: FeatureStore, version: str, shards: Sequence[str]) -> dict:
+    extract, miss_e = total(store, "raw", "extract", shards)
+    train, miss_t = total(store, "splavu", "train", [version])
+    anon, miss_a = total(store, "splavu", "anonymize", [f"{version}/{s}" for s in shards])
+    change = None if train is None or anon is None else train + anon
+    return {"shards": len(shards), "extract_seconds": extract, "train_seconds": train, "anonymize_seconds": anon,
+            "produce_seconds": None if extract is None or change is None else extract + change,
+            "change_seconds": change,
+            "missing": [f"raw extract {k}" for k in miss_e] + [f"train {k}" for k in miss_t]
+                       + [f"anonymize {k}" for k in miss_a]}
+
+
+def compare(store: FeatureStore, version: str, shards: Sequence[str],
+            baselines: dict[str, FeatureStore]) -> dict:
+    """The cost of producing published features from videos, and of changing the anonymizer.
+
+    splavu:  produce = extract raw + train the AAM + anonymize; change = train + anonymize (cached latents)
+    pixel_x: produce = extract with the transform; change = the same again (every video re-decoded, re-encoded)
+    "splavu" covers `shards`; each baseline is compared with splavu on the shards it has (its own
+    "splavu_*" figures), pixel / splavu. A figure never recorded (work done before the ledger existed) is
+    null and named in "missing"."""
+    shards = list(shards)
+    out = {"shards": shards, "aam_version": version, "splavu": splavu_costs(store, version, shards)}
+    for name, bstore in baselines.items():
+        mine = [s for s in shards if s in set(bstore.committed_shards())]
+        secs, miss = total(bstore, name, "extract", mine)
+        sp = splavu_costs(store, version, mine)
+        out[name] = {"shards": len(mine), "produce_seconds": secs, "change_seconds": secs,
+                     "splavu_produce_seconds": sp["produce_seconds"], "splavu_change_seconds": sp["change_seconds"],
+                     "produce_ratio_vs_splavu": _ratio(secs, sp["produce_seconds"]),
+                     "change_ratio_vs_splavu": _ratio(secs, sp["change_seconds"]),
+                     "missing": [f"extract {k}" for k in miss] + sp["missing"]}
+    return out
