@@ -343,10 +343,15 @@ class _PreconditionFailed(Exception):
 
 
 def _precondition_failed(e: BaseException) -> bool:
+    """A conditional S3 request refused: 412 PreconditionFailed, or 409 ConditionalRequestConflict (a concurrent
+    conditional write to the same key; the loser retries). s3fs keeps botocore's error as the cause."""
     if isinstance(e, FileExistsError):
         return True
-    text = f"{type(e).__name__} {e} {getattr(e, '__cause__', '')}"
-    return any(s in text for s in ("PreconditionFailed", "pre-conditions", "412", "ConditionalRequestConflict"))
+    for err in (e, e.__cause__):
+        code = (getattr(err, "response", None) or {}).get("Error", {}).get("Code")
+        if code in ("PreconditionFailed", "ConditionalRequestConflict"):
+            return True
+    return False
 
 
 class ObjectFS(StoreFS):
