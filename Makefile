@@ -8,10 +8,11 @@ export OMP_NUM_THREADS ?= 2
 
 .PHONY: demo test setup ablations baselines bench clean
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt requirements-dagster.txt pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements.txt
+	$(BIN)/pip install -q --no-deps -r requirements-dagster.txt
 	$(BIN)/pip install -q --no-deps -e .
 	touch $(STAMP)
 
