@@ -3,6 +3,7 @@ import dagster as dg
 
 from assets import aam, anonymized, baselines, catalog, evaluation, latents, manifest
 from pipeline import ablations
+from pipeline.executors import splavu_executor
 from pipeline.jobs import evaluate_job, extract_job, pixel_baselines_job
 from pipeline.reanonymize import (anonymize_new_shards, reanonymize_job, reanonymize_on_new_aam, reanonymize_schedule,
                                   refresh_catalog_job, refresh_catalog_sensor)
@@ -17,4 +18,5 @@ defs = dg.Definitions(
     sensors=[inbox_sensor, reanonymize_on_new_aam, anonymize_new_shards, refresh_catalog_sensor],
     schedules=[reanonymize_schedule],
     resources={"store": StoreResource(), "encoder": EncoderResource()},
+    executor=splavu_executor,  # $SPLAVU_EXECUTOR: multiprocess (default), in_process, dask, k8s
 )
