@@ -5,6 +5,7 @@ its own executor instead.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import dagster as dg
@@ -20,6 +21,13 @@ def instance() -> dg.DagsterInstance:
     if os.environ.get("DAGSTER_HOME"):
         os.makedirs(os.environ["DAGSTER_HOME"], exist_ok=True)
         return dg.DagsterInstance.get()
+    return _process_instance()
+
+
+@functools.cache
+def _process_instance() -> dg.DagsterInstance:
+    """Without $DAGSTER_HOME: one ephemeral instance for the whole command, so the shard partitions that
+    `ingest` adds are there when `extract` runs (a second ephemeral instance would not know them)."""
     return dg.DagsterInstance.ephemeral()
 
 

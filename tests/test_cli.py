@@ -28,3 +28,14 @@ def test_ingest_registers_shards_and_reports_bad_manifest(tiny_bench, tmp_path, 
 def test_unknown_dataset_is_a_clear_error(tmp_path, capsys):
     assert main(["--store", str(tmp_path), "extract", "--dataset", "nope"]) == 2
     assert "not registered" in capsys.readouterr().err
+
+
+def test_ingest_then_extract_in_one_command_without_dagster_home(tiny_bench, tiny_videomae, tmp_path, monkeypatch):
+    """`splavu extract` after `ingest` in the same process (as `splavu demo` does) with no $DAGSTER_HOME:
+    both must see the same instance, or the new shard partitions are unknown to extract."""
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    root, _ = tiny_bench
+    store = str(tmp_path / "store")
+    assert main(["--store", store, "ingest", "gait", str(root / "gait" / "manifest.csv")]) == 0
+    assert main(["--store", store, "extract", "--dataset", "gait", "--checkpoint", str(tiny_videomae)]) == 0
+    assert (tmp_path / "store" / "latents" / "gait-000" / "_COMMIT.json").is_file()
