@@ -177,7 +177,7 @@ def privacy_utility_report(context: dg.AssetExecutionContext, config: ReportConf
     version = _version(fs, config.aam_version)
     raw_rows, anon_rows = read_metric_rows(fs, RAW, None), read_metric_rows(fs, SPLAVU, version)
     if not raw_rows or not anon_rows:
-        raise dg.Failure(f"no metric rows for {'raw' if not raw_rows else 'splavu ' + version} in {fs.root / 'metrics'}: "
+        raise dg.Failure(f"no metric rows for {'raw' if not raw_rows else 'splavu ' + version} in {fs.loc('metrics')}: "
                          f"materialise the *_eval assets first")
     baselines = existing_baselines(fs)
     variants = {SPLAVU: anon_rows}
