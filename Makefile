@@ -25,8 +25,11 @@ setup: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 demo: setup
 	$(BIN)/splavu demo
 
+# The dask cluster tests run in an interpreter of their own: inside one long session their dask
+# `evaluate` run has hung twice on a fresh clone (never when the module ran alone; cause not found).
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --ignore=tests/test_cluster.py
+	$(BIN)/python -m pytest tests/test_cluster.py
 
 ablations: setup
 	$(BIN)/splavu ablations
