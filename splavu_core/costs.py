@@ -41,9 +41,8 @@ def entries(store: FeatureStore, feature_set: str, stage: str) -> dict[str, dict
     return {e["key"]: e for e in (store.fs.read_json(k) for k in sorted(store.fs.glob(d, ".json")))}
 
 
-def total(store: FeatureStore, feature_set: str, stage: str, keys: Sequence[str]) -> tuple[float | None, list[str]]:
-    """Sum of seconds over `keys`, or None and the keys with nothing recorded."""
-    have = entries(store, feature_set, stage)
+def total(have: dict[str, dict], keys: Sequence[str]) -> tuple[float | None, list[str]]:
+    """Sum of seconds of the entries `have` (from `entries`) over `keys`, or None and the keys not recorded."""
     missing = [k for k in keys if k not in have]
     return (None if missing or not keys else float(sum(have[k]["seconds"] for k in keys))), missing
 
@@ -52,10 +51,11 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else float(a / b)
 
 
-def splavu_costs(store: FeatureStore, version: str, shards: Sequence[str]) -> dict:
-    extract, miss_e = total(store, "raw", "extract", shards)
-    train, miss_t = total(store, "splavu", "train", [version])
-    anon, miss_a = total(store, "splavu", "anonymize", [f"{version}/{s}" for s in shards])
+def splavu_costs(ledger: dict[str, dict], version: str, shards: Sequence[str]) -> dict:
+    """ledger: stage -> entries of the splavu path ("extract" of raw, "train", "anonymize")."""
+    extract, miss_e = total(ledger["extract"], shards)
+    train, miss_t = total(ledger["train"], [version])
+    anon, miss_a = total(ledger["anonymize"], [f"{version}/{s}" for s in shards])
     change = None if train is None or anon is None else train + anon
     return {"shards": len(shards), "extract_seconds": extract, "train_seconds": train, "anonymize_seconds": anon,
             "produce_seconds": None if extract is None or change is None else extract + change,
@@ -74,11 +74,14 @@ def compare(store: FeatureStore, version: str, shards: Sequence[str],
     "splavu_*" figures), pixel / splavu. A figure never recorded (work done before the ledger existed) is
     null and named in "missing"."""
     shards = list(shards)
-    out = {"shards": shards, "aam_version": version, "splavu": splavu_costs(store, version, shards)}
+    ledger = {"extract": entries(store, "raw", "extract"), "train": entries(store, "splavu", "train"),
+              "anonymize": entries(store, "splavu", "anonymize")}  # read once, summed per comparison
+    out = {"shards": shards, "aam_version": version, "splavu": splavu_costs(ledger, version, shards)}
     for name, bstore in baselines.items():
-        mine = [s for s in shards if s in set(bstore.committed_shards())]
-        secs, miss = total(bstore, name, "extract", mine)
-        sp = splavu_costs(store, version, mine)
+        have = set(bstore.committed_shards())
+        mine = [s for s in shards if s in have]
+        secs, miss = total(entries(bstore, name, "extract"), mine)
+        sp = splavu_costs(ledger, version, mine)
         out[name] = {"shards": len(mine), "produce_seconds": secs, "change_seconds": secs,
                      "splavu_produce_seconds": sp["produce_seconds"], "splavu_change_seconds": sp["change_seconds"],
                      "produce_ratio_vs_splavu": _ratio(secs, sp["produce_seconds"]),

@@ -99,7 +99,8 @@ def extract_shard(shard: str, rows: list[dict], root: Path, encoder: FrozenEncod
         while todo or inflight:
             while todo and len(inflight) < 2 * max(1, decode_threads):  # bounded read-ahead
                 r = todo.popleft()
-                inflight.append(pool.submit(decode_video, r, root, sampling, r["split"] in static_splits, 1, pixel))
+                inflight.append(pool.submit(decode_video, r, root, sampling, r["split"] in static_splits,
+                                             pixel=pixel))
             dv = inflight.popleft().result()
             vid = dv.row["video_id"]
             if dv.error:

@@ -74,16 +74,12 @@ def run_baseline(tiny_videomae):
     """Materialise one pixel baseline's latents (tiny encoder) in a store; returns its metadata values."""
     import dagster as dg
 
-    from assets.baselines import pixel_baseline_latents
-    from pipeline.inprocess import quiet
     from pipeline.resources import EncoderResource, StoreResource
+    from pipeline.runner import run_baselines
 
-    def run(root, name, **cfg):
-        res = dg.materialize([pixel_baseline_latents], partition_key=name,
-                             resources={"store": StoreResource(root=str(root)),
-                                        "encoder": EncoderResource(checkpoint=str(tiny_videomae))},
-                             run_config=quiet({"ops": {"pixel_baseline_latents": {"config": cfg}}}))
-        assert res.success
-        return {k: v.value for k, v in res.asset_materializations_for_node("pixel_baseline_latents")[0].metadata.items()}
+    def run(root, name, mask_source="none", datasets=()):
+        return run_baselines(dg.DagsterInstance.ephemeral(), StoreResource(root=str(root)),
+                             EncoderResource(checkpoint=str(tiny_videomae)), [name], mask_source=mask_source,
+                             datasets=datasets, log=None)[name]
 
     return run
