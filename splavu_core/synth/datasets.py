@@ -70,6 +70,11 @@ def _key(base, i):
     return (*base, 1, i)
 
 
+def _attrs(actor: Actor) -> dict[str, int]:
+    """attr_* columns: the actor's private attributes, for evaluation only (training never reads them)."""
+    return {f"attr_{k}": v for k, v in actor.attributes().items()}
+
+
 def _actor_pools(rng, sizes):
     return {s: [random_actor(rng) for _ in range(n)] for s, n in zip(("train", "val", "test"), sizes)}
 
@@ -83,7 +88,8 @@ def _plan_ar(name, cfg, rng, base):
                 n = CLIP_LEN * int(rng.integers(2, 4))
                 i = len(plans)
                 plans.append(VideoPlan(name, f"{name}_{i:05d}", split, pools[split][a], [(action, 0, n)], n,
-                                       _key(base, i), row={"action": action, "subject_id": f"{split}_{a:03d}"}))
+                                       _key(base, i), row={"action": action, "subject_id": f"{split}_{a:03d}",
+                                            **_attrs(pools[split][a])}))
     return plans
 
 
@@ -96,7 +102,7 @@ def _plan_privacy(name, cfg, rng, base):
             pose_action = ("wave", "clap", "punch", "walk_left")[int(rng.integers(4))]
             plans.append(VideoPlan(name, f"{name}_{i:05d}", split, actor, [(pose_action, 0, CLIP_LEN)], CLIP_LEN,
                                    _key(base, i), closeup=True, static=True,
-                                   row={f"attr_{k}": v for k, v in actor.attributes().items()}))
+                                   row=_attrs(actor)))
     return plans
 
 
@@ -128,7 +134,7 @@ def _plan_tad(name, cfg, rng, base):
             segs = [[round(a / FPS, 4), round(b / FPS, 4), act] for act, a, b in timeline]
             actor = pools[split][int(rng.integers(len(pools[split])))]
             plans.append(VideoPlan(name, f"{name}_{i:05d}", split, actor, timeline, n_frames, _key(base, i),
-                                   row={"segments": json.dumps(segs)}))
+                                   row={"segments": json.dumps(segs), **_attrs(actor)}))
     return plans
 
 
@@ -149,7 +155,8 @@ def _plan_ad(name, cfg, rng, base):
                     intervals.append([round(a / FPS, 4), round(b / FPS, 4)])
             actor = pools[split][int(rng.integers(len(pools[split])))]
             plans.append(VideoPlan(name, f"{name}_{i:05d}", split, actor, timeline, n_frames, _key(base, i),
-                                   row={"anomaly": int(anomalous), "anomaly_intervals": json.dumps(sorted(intervals))}))
+                                   row={"anomaly": int(anomalous), "anomaly_intervals": json.dumps(sorted(intervals)),
+                                       **_attrs(actor)}))
     return plans
 
 
@@ -169,7 +176,7 @@ def _plan_bias(name, cfg, rng, base):
                 actor = random_actor(rng, female=female)
                 plans.append(VideoPlan(name, f"{name}_{i:05d}", split, actor, [(action, 0, 2 * CLIP_LEN)], 2 * CLIP_LEN,
                                        _key(base, i), row={"action": action, "group": "f" if female else "m",
-                                                           "subject_id": f"{name}_{i:05d}"}))
+                                                           "subject_id": f"{name}_{i:05d}", **_attrs(actor)}))
     return plans
 
 
@@ -186,7 +193,7 @@ def _plan_gait(name, cfg, rng, base):
                                  face_visible=person.face_visible)
             action = ("walk_left", "walk_right")[int(rng.integers(2))]
             plans.append(VideoPlan(name, f"{name}_{i:05d}", "test", actor, [(action, 0, 2 * CLIP_LEN)], 2 * CLIP_LEN,
-                                   _key(base, i), row={"action": action, "subject_id": f"subject_{s:03d}"}))
+                                   _key(base, i), row={"action": action, "subject_id": f"subject_{s:03d}", **_attrs(actor)}))
     return plans
 
 
