@@ -45,6 +45,7 @@ class ProbeSettings(dg.Config):
     tad_dataset: str = DEFAULT_DATASETS["tad"]
     ad_dataset: str = DEFAULT_DATASETS["ad"]
     privacy_dataset: str = DEFAULT_DATASETS["privacy"]
+    clip_privacy_dataset: str = DEFAULT_DATASETS["clip_privacy"]  # action clips attacked (needs attr_* labels)
     bias_f_dataset: str = DEFAULT_DATASETS["bias_f"]
     bias_m_dataset: str = DEFAULT_DATASETS["bias_m"]
     gait_dataset: str = DEFAULT_DATASETS["gait"]
@@ -142,9 +143,10 @@ def anomaly_detection_eval(context: dg.AssetExecutionContext, config: EvalConfig
 
 
 @dg.asset(**_EVAL, description="Fresh MLP attackers (as given + standardised, the stronger reported): cMAP, F1, "
-                               "chance, share of above-chance leakage removed.")
+                               "chance, share of above-chance leakage removed; on the privacy close-ups and on the "
+                               "action clips the product publishes (train actors -> test actors).")
 def privacy_attack_eval(context: dg.AssetExecutionContext, config: EvalConfig, store: StoreResource):
-    return evaluate_tasks(context, store, config, ("privacy",))
+    return evaluate_tasks(context, store, config, ("privacy", "clip_privacy"))
 
 
 @dg.asset(**_EVAL, description="Bias (NTU-Bias-F/M style): per-group accuracy on a balanced test and the gap.")
@@ -209,6 +211,9 @@ class PrivacyBudgetConfig(dg.Config):
                                     f"(default ${PRIVACY_BUDGET_ENV} or {DEFAULT_PRIVACY_BUDGET})")
     aam_version: str = Field(default="", description="version to gate (default: the newest recorded, else current)")
     dataset: str = DEFAULT_DATASETS["privacy"]
+    clip_dataset: str = Field(default=DEFAULT_DATASETS["clip_privacy"],
+                              description="action clips also attacked (train actors -> test actors) when they carry "
+                                          "attr_* labels; the gate takes the weaker removal ('' = close-ups only)")
     epochs: int = 100
 
     def resolved_threshold(self) -> float:
@@ -243,7 +248,8 @@ def privacy_budget(context: dg.AssetCheckExecutionContext, config: PrivacyBudget
         return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.ERROR,
                                    description=f"no AAM version recorded in {fs.root}", metadata={"threshold": threshold})
     try:
-        m = privacy_budget_measure(fs, version, dataset=config.dataset, probe_kwargs={"epochs": config.epochs})
+        m = privacy_budget_measure(fs, version, dataset=config.dataset, probe_kwargs={"epochs": config.epochs},
+                                   clip_dataset=config.clip_dataset or None)
     except Exception as e:  # cannot measure -> cannot vouch for the table: fail closed
         return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.ERROR,
                                    description=f"leakage of version {version} could not be measured: {e}",
@@ -253,7 +259,14 @@ def privacy_budget(context: dg.AssetCheckExecutionContext, config: PrivacyBudget
     md = {"aam_version": version, "threshold": threshold, "raw_cmap": m["raw_cmap"],
           "anonymized_cmap": m["anonymized_cmap"], "chance_cmap": m["chance_cmap"],
           "leakage_removed": m["leakage_removed"] if m["leakage_removed"] is not None else float("nan"),
-          "features": m["source"], "cached": m["cached"], "attributes": dg.MetadataValue.json(m["attributes"])}
+          "features": m["source"], "cached": m["cached"], "attributes": dg.MetadataValue.json(m["attributes"]),
+          "weaker": m["weaker"]}
+    for name, key in (("closeups", "closeup_leakage_removed"), ("clips", "clip_leakage_removed")):
+        part = m[name]
+        if "skipped" in part:
+            md[f"{name}_skipped"] = part["skipped"]
+        elif part["leakage_removed"] is not None:
+            md[key] = part["leakage_removed"]
     return dg.AssetCheckResult(passed=passed, severity=dg.AssetCheckSeverity.ERROR, description=why, metadata=md)
 
 

@@ -186,7 +186,7 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
     assert {r["feature_set"] for r in anon} == {"splavu"} and {r["aam_version"] for r in anon} == {version}
     want = {("ar", "top1"), ("tad", "mAP"), ("tad", "mAP@0.5"), ("ad", "auc"), ("gait", "top1"),
             ("privacy", "cmap"), ("privacy", "f1"), ("privacy", "chance_cmap"), ("privacy", "cmap_raw_branch"),
-            ("privacy", "cmap_standardised_branch")}
+            ("privacy", "cmap_standardised_branch"), ("clip_privacy", "cmap"), ("clip_privacy", "chance_cmap")}
     assert want <= {(r["task"], r["metric"]) for r in raw} and want <= {(r["task"], r["metric"]) for r in anon}
     v = lambda rows, t, m: suite.metric_value(rows, t, m)  # noqa: E731
     for rows in (raw, anon):  # the reported attacker is the stronger branch
@@ -217,6 +217,11 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
     assert r["privacy_cmap"] == raw_c and s["privacy_cmap"] == anon_c and s["ar_top1"] == v(anon, "ar", "top1")
     assert r["bias_f_gap"] == v(raw, "bias_f", "gap") and r["bias_m_gap"] is None  # bias_m: not in the store
     assert s["leakage_removed"] == pytest.approx(v(anon, "privacy", "leakage_removed"))
+    # the same attack on the published action clips: train actors -> disjoint test actors
+    raw_k, anon_k, chance_k = v(raw, "clip_privacy", "cmap"), v(anon, "clip_privacy", "cmap"), v(raw, "clip_privacy", "chance_cmap")
+    assert r["clip_privacy_cmap"] == raw_k and r["clip_privacy_chance_cmap"] == chance_k
+    assert s["clip_leakage_removed"] == pytest.approx((raw_k - anon_k) / (raw_k - chance_k))
+    assert v(anon, "clip_privacy", "leakage_removed") == pytest.approx(s["clip_leakage_removed"])
     table = (root / "reports" / "privacy_utility.md").read_text()
     for key in ("privacy_cmap", "ar_top1", "tad_map", "ad_auc", "gait_top1"):
         rel = s["relative_change"][key]
@@ -303,6 +308,7 @@ def test_privacy_budget_blocks_the_catalog_update(trained, tmp_path, monkeypatch
     assert check.passed is False and check.severity == dg.AssetCheckSeverity.ERROR
     md = check.metadata
     assert md["threshold"].value == 1.01 and md["aam_version"].value == version
+    assert {"closeup_leakage_removed", "clip_leakage_removed"} <= set(md) and md["weaker"].value in ("closeups", "clips")
     assert md["features"].value == "in-memory"  # privacy-001 not yet published: the adapter is applied in memory
     assert md["leakage_removed"].value == pytest.approx(
         (md["raw_cmap"].value - md["anonymized_cmap"].value) / (md["raw_cmap"].value - md["chance_cmap"].value))
@@ -378,6 +384,13 @@ def test_variant_configs():
     assert base.variant_train_config("tasks_tad").tasks == ("tad",)
     assert base.variant_train_config("wlc_1000").w_lc == 1000.0 and base.variant_train_config("wlc_1000").epochs == 5
     assert base.variant_train_config("loss_all").w_lc == 10.0
+    base = AblationConfig(epochs=5, erase_rank=12, layers=2)
+    paper = base.variant_train_config("paper")  # the paper's objective: fixed-cosine NT-Xent, no erasure
+    assert paper.privacy == "ntxent" and paper.adapter["erase_rank"] == 0 and paper.adapter["mixer"] == "attention"
+    assert paper.adapter["heads"] == base.heads  # fields the variant does not name come from the base config
+    assert base.variant_train_config("loss_no_lb").adapter["erase_rank"] == 0
+    assert base.variant_train_config("erasure_only").adapter["erase_rank"] == 12
+    assert base.variant_train_config("oracle").oracle and not base.variant_train_config("loss_all").oracle
     with pytest.raises(ValueError, match="unknown ablation variant"):
         base.variant_train_config("nope")
 

@@ -39,19 +39,22 @@ from ..catalog import METRICS_SCHEMA
 from ..features import VideoFeatures, split_of
 from ..store import FeatureStore, StoreError
 
-# task -> dataset that supplies it (the synthetic benchmark's names; override with datasets=)
+# task -> dataset that supplies it (the synthetic benchmark's names; override with datasets=).
+# clip_privacy: the same attack on the action clips the product publishes (train actors -> test actors)
 DEFAULT_DATASETS: dict[str, str] = {"ar": "ar", "tad": "tad", "ad": "ad", "privacy": "privacy",
-                                    "bias_f": "bias_f", "bias_m": "bias_m", "gait": "gait"}
+                                    "clip_privacy": "ar", "bias_f": "bias_f", "bias_m": "bias_m", "gait": "gait"}
 TASKS = tuple(DEFAULT_DATASETS)
 # report key -> (task, metric)
 REPORT_METRICS: dict[str, tuple[str, str]] = {
     "privacy_cmap": ("privacy", "cmap"), "privacy_f1": ("privacy", "f1"),
-    "privacy_chance_cmap": ("privacy", "chance_cmap"), "ar_top1": ("ar", "top1"), "tad_map": ("tad", "mAP"),
+    "privacy_chance_cmap": ("privacy", "chance_cmap"), "clip_privacy_cmap": ("clip_privacy", "cmap"),
+    "clip_privacy_chance_cmap": ("clip_privacy", "chance_cmap"), "ar_top1": ("ar", "top1"), "tad_map": ("tad", "mAP"),
     "ad_auc": ("ad", "auc"), "bias_f_gap": ("bias_f", "gap"), "bias_m_gap": ("bias_m", "gap"),
     "gait_top1": ("gait", "top1")}
 REPORT_KEYS = ("name",) + tuple(REPORT_METRICS)
-DERIVED_KEYS = ("leakage_removed", "relative_change")   # non-raw rows only
-RELATIVE_KEYS = tuple(k for k in REPORT_METRICS if k != "privacy_chance_cmap")
+DERIVED_KEYS = ("leakage_removed", "clip_leakage_removed", "relative_change")   # non-raw rows only
+RELATIVE_KEYS = tuple(k for k in REPORT_METRICS if not k.endswith("chance_cmap"))
+PRIVACY_TASKS = {"privacy": "leakage_removed", "clip_privacy": "clip_leakage_removed"}  # task -> derived key
 UTILITY_KEYS = ("ar_top1", "tad_map", "ad_auc")
 RAW = "raw"
 
@@ -122,6 +125,7 @@ def _run_ad(videos, kw):
 
 
 def _run_privacy(videos, kw, attributes=None):
+    """Attackers train on the `train` split and are scored on `test` (on `ar`: disjoint actors)."""
     from .probes import privacy_attack
 
     train, test = split_of(videos, "train"), split_of(videos, "test")
@@ -199,8 +203,9 @@ def evaluate_feature_set(videos_by_dataset: Mapping[str, Sequence[VideoFeatures]
             metrics, why = _run_tad(videos, kw)
         elif task == "ad":
             metrics, why = _run_ad(videos, kw)
-        elif task == "privacy":
-            metrics, detail = _run_privacy(videos, kw, attributes)
+        elif task in PRIVACY_TASKS:
+            kw = dict(probe_kwargs.get(task) or probe_kwargs.get("privacy") or {})
+            metrics, detail = _run_privacy(videos, kw, attributes if task == "privacy" else None)
             why = detail if isinstance(detail, str) else None
         elif task in ("bias_f", "bias_m"):
             metrics, why = _run_bias(videos, dict(probe_kwargs.get("bias") or probe_kwargs.get("ar") or {}))
@@ -251,15 +256,16 @@ def derived_rows(raw_rows: Sequence[dict], anon_rows: Sequence[dict], created_at
         return []
     a = anon_rows[0]
     created_at = created_at or _now()
-    raw_c, anon_c = metric_value(raw_rows, "privacy", "cmap"), metric_value(anon_rows, "privacy", "cmap")
-    chance = metric_value(raw_rows, "privacy", "chance_cmap")
     out = []
-    lr = leakage_removed_or_none(raw_c, anon_c, chance)
-    if lr is not None:
-        out.append(_row(a["feature_set"], a["aam_version"], "privacy", "leakage_removed", lr, "test", created_at))
-    rc = relative_change_or_none(raw_c, anon_c)
-    if rc is not None:
-        out.append(_row(a["feature_set"], a["aam_version"], "privacy", "cmap_relative_change", rc, "test", created_at))
+    for task in PRIVACY_TASKS:
+        raw_c, anon_c = metric_value(raw_rows, task, "cmap"), metric_value(anon_rows, task, "cmap")
+        chance = metric_value(raw_rows, task, "chance_cmap")
+        lr = leakage_removed_or_none(raw_c, anon_c, chance)
+        if lr is not None:
+            out.append(_row(a["feature_set"], a["aam_version"], task, "leakage_removed", lr, "test", created_at))
+        rc = relative_change_or_none(raw_c, anon_c)
+        if rc is not None:
+            out.append(_row(a["feature_set"], a["aam_version"], task, "cmap_relative_change", rc, "test", created_at))
     return out
 
 
@@ -320,9 +326,10 @@ def report_row(name: str, rows: Sequence[dict]) -> dict:
 
 def add_derived(raw_row: dict, row: dict) -> dict:
     """`row` plus leakage_removed and relative_change against raw_row."""
-    chance = raw_row.get("privacy_chance_cmap")
-    return {**row,
-            "leakage_removed": leakage_removed_or_none(raw_row.get("privacy_cmap"), row.get("privacy_cmap"), chance),
+    removed = {key: leakage_removed_or_none(raw_row.get(f"{task}_cmap"), row.get(f"{task}_cmap"),
+                                            raw_row.get(f"{task}_chance_cmap"))
+               for task, key in PRIVACY_TASKS.items()}
+    return {**row, **removed,
             "relative_change": {k: relative_change_or_none(raw_row.get(k), row.get(k)) for k in RELATIVE_KEYS}}
 
 
@@ -429,29 +436,58 @@ def _key(obj) -> str:
 
 
 def privacy_budget_measure(store: FeatureStore, version: str, dataset: str = "privacy",
-                           probe_kwargs: dict | None = None, use_cache: bool = True) -> dict:
-    """Privacy attack on the raw vs the `version`-anonymized features of `dataset`.
+                           probe_kwargs: dict | None = None, use_cache: bool = True,
+                           clip_dataset: str | None = "ar") -> dict:
+    """Privacy attack on the raw vs the `version`-anonymized features, on the close-ups of `dataset` and on the
+    action clips of `clip_dataset` (train actors -> test actors), when that dataset carries attr_* labels.
 
-    The anonymized features are the published tables when every shard of the dataset has one, else the
+    The anonymized features are the published tables when every shard of a dataset has one, else the
     version's adapter (<root>/aam/<version>) applied in memory (identical rows, see anonymize_videos), so
-    the gate can run before the privacy shards are published. The measurement is cached per (version,
-    raw shard manifests, probe settings) in <root>/reports/privacy_budget/<version>.json.
-    Returns {raw_cmap, anonymized_cmap, chance_cmap, leakage_removed (None if raw is at chance), source,
-    attributes, version, dataset}."""
-    from ..aam.io import load_adapter
-    from ..publish import PublishError, _published_shards, load_video_features
-
+    the gate can run before the shards are published. The measurement is cached per (version, raw shard
+    manifests, probe settings) in <root>/reports/privacy_budget/<version>.json.
+    Returns the WEAKER of the two measurements at the top level {raw_cmap, anonymized_cmap, chance_cmap,
+    leakage_removed (None if raw is at chance), source, attributes, dataset}, plus {version, weaker,
+    "closeups": {...}, "clips": {...} or {"skipped": why}}."""
     shards = _raw_shards(store, dataset)
     if not shards:
         raise StoreError(f"privacy dataset {dataset!r} has no committed latents in {store.root}: "
                          f"the leakage of version {version} cannot be measured")
+    clip_shards = _raw_shards(store, clip_dataset) if clip_dataset else []
     key = _key({"version": version, "shards": _shard_state(store, shards), "probe": probe_kwargs or {},
-                "fingerprint": store.encoder_fingerprint()})
+                "clip_shards": _shard_state(store, clip_shards), "fingerprint": store.encoder_fingerprint()})
     cache = f"reports/privacy_budget/{_safe(version)}.json"
     if use_cache and store.fs.isfile(cache):
         hit = store.fs.read_json(cache)
         if hit.get("key") == key:
             return {**hit["measure"], "cached": True}
+    closeups = _leakage_on(store, version, dataset, shards, probe_kwargs)
+    if not clip_dataset:
+        clips = {"skipped": "no action-clip dataset configured"}
+    elif not clip_shards:
+        clips = {"skipped": f"dataset {clip_dataset!r} has no committed latents"}
+    else:
+        try:
+            clips = _leakage_on(store, version, clip_dataset, clip_shards, probe_kwargs)
+        except _Unmeasurable as e:  # e.g. a user's action set without attr_* labels: say so, gate on close-ups
+            clips = {"skipped": str(e)}
+    measured = [("closeups", closeups)] + ([("clips", clips)] if "skipped" not in clips else [])
+    weaker_name, weaker = min(measured, key=lambda nm: -1.0 if nm[1]["leakage_removed"] is None else
+                              nm[1]["leakage_removed"])
+    if any(m["leakage_removed"] is None for _, m in measured):  # at chance raw: the verdict decides per set below
+        weaker_name, weaker = next((nm for nm in measured if nm[1]["leakage_removed"] is not None), measured[0])
+    measure = {**weaker, "version": version, "weaker": weaker_name, "closeups": closeups, "clips": clips}
+    store.fs.write_json(cache, {"key": key, "measure": measure, "created_at": _now().isoformat()})
+    return {**measure, "cached": False}
+
+
+class _Unmeasurable(StoreError):
+    pass
+
+
+def _leakage_on(store: FeatureStore, version: str, dataset: str, shards: list[str], probe_kwargs: dict | None) -> dict:
+    from ..aam.io import load_adapter
+    from ..publish import PublishError, _published_shards, load_video_features
+
     raw = load_video_features(store, source="raw", shards=shards)
     if set(shards) <= _published_shards(store, version):
         anon, source = load_video_features(store, source="anonymized", version=version, shards=shards), "published"
@@ -460,7 +496,7 @@ def privacy_budget_measure(store: FeatureStore, version: str, dataset: str = "pr
         try:
             adapter, _, meta = load_adapter(adapter_dir, storage_options=getattr(store.fs, "storage_options", None))
         except FileNotFoundError as e:
-            raise PublishError(f"version {version}: no published privacy tables and no adapter at {adapter_dir}") from e
+            raise PublishError(f"version {version}: no published {dataset} tables and no adapter at {adapter_dir}") from e
         if meta["encoder_fingerprint"] != store.encoder_fingerprint():
             raise PublishError(f"adapter {adapter_dir} belongs to encoder {meta['encoder_fingerprint']!r}, the store "
                                f"to {store.encoder_fingerprint()!r}")
@@ -468,22 +504,33 @@ def privacy_budget_measure(store: FeatureStore, version: str, dataset: str = "pr
     kw = {"privacy": probe_kwargs or {}}
     r = evaluate_feature_set({dataset: raw}, RAW, None, which=("privacy",), datasets={"privacy": dataset}, probe_kwargs=kw)
     if "privacy" in r.skipped:
-        raise StoreError(f"cannot measure leakage on {dataset!r}: {r.skipped['privacy']}")
+        raise _Unmeasurable(f"cannot measure leakage on {dataset!r}: {r.skipped['privacy']}")
     attrs = r.details["privacy"]["attributes"]
     a = evaluate_feature_set({dataset: anon}, "splavu", version, which=("privacy",), datasets={"privacy": dataset},
                              probe_kwargs=kw, attributes=attrs)
     raw_c, anon_c = metric_value(r, "privacy", "cmap"), metric_value(a, "privacy", "cmap")
     chance = metric_value(r, "privacy", "chance_cmap")
-    measure = {"version": version, "dataset": dataset, "source": source, "attributes": attrs,
-               "raw_cmap": raw_c, "anonymized_cmap": anon_c, "chance_cmap": chance,
-               "raw_branch": r.details["privacy"]["branch"], "anonymized_branch": a.details["privacy"]["branch"],
-               "leakage_removed": leakage_removed_or_none(raw_c, anon_c, chance)}
-    store.fs.write_json(cache, {"key": key, "measure": measure, "created_at": _now().isoformat()})
-    return {**measure, "cached": False}
+    return {"dataset": dataset, "source": source, "attributes": attrs,
+            "raw_cmap": raw_c, "anonymized_cmap": anon_c, "chance_cmap": chance,
+            "raw_branch": r.details["privacy"]["branch"], "anonymized_branch": a.details["privacy"]["branch"],
+            "leakage_removed": leakage_removed_or_none(raw_c, anon_c, chance)}
 
 
 def budget_verdict(measure: dict, threshold: float) -> tuple[bool, str]:
-    """Does the measured leakage removal meet `threshold`? (passed, reason)."""
+    """Does the measured leakage removal meet `threshold` on close-ups AND on action clips? (passed, reason)."""
+    parts = [(name, measure[name]) for name in ("closeups", "clips")
+             if isinstance(measure.get(name), dict) and "skipped" not in measure[name]]
+    if not parts:  # a measure of one dataset only
+        return _verdict_one(measure, threshold)
+    verdicts = [(name, *_verdict_one(m, threshold)) for name, m in parts]
+    ok = all(v[1] for v in verdicts)
+    why = "; ".join(f"{name}: {reason}" for name, _, reason in verdicts)
+    if isinstance(measure.get("clips"), dict) and "skipped" in measure["clips"]:
+        why += f"; action clips not measured ({measure['clips']['skipped']})"
+    return ok, why
+
+
+def _verdict_one(measure: dict, threshold: float) -> tuple[bool, str]:
     lr = measure["leakage_removed"]
     if lr is None:  # raw features do not leak above chance: pass only if the anonymized ones do not either
         ok = measure["anonymized_cmap"] <= measure["chance_cmap"]
@@ -491,6 +538,13 @@ def budget_verdict(measure: dict, threshold: float) -> tuple[bool, str]:
                     f"{measure['anonymized_cmap']:.4f} {'<=' if ok else '>'} chance {measure['chance_cmap']:.4f}")
     ok = lr >= threshold
     return ok, f"leakage removed {lr:.3f} {'>=' if ok else '<'} budget {threshold:g}"
+
+
+def _is_oracle(store: FeatureStore, version: str) -> bool:
+    try:
+        return bool(store.fs.read_json(f"aam/{version}/adapter.json")["config"].get("oracle"))
+    except FileNotFoundError:
+        return False
 
 
 PRIVACY_BUDGET_ENV = "SPLAVU_PRIVACY_BUDGET"
@@ -501,6 +555,8 @@ def passes_privacy_budget(store: FeatureStore, version: str, threshold: float | 
     """The gate a version must pass before it becomes current; fails closed when leakage cannot be measured."""
     if threshold is None:
         threshold = float(os.environ.get(PRIVACY_BUDGET_ENV, DEFAULT_PRIVACY_BUDGET))
+    if _is_oracle(store, version):
+        return False, f"version {version} is the oracle diagnostic (trained with private-attribute labels): never current"
     try:
         return budget_verdict(privacy_budget_measure(store, version), threshold)
     except Exception as e:
