@@ -27,30 +27,52 @@ class AAMTrainingConfig(dg.Config):
     w_b: float = 1.0
     temperature: float = 0.1
     lr: float = 1e-3
-    epochs: int = 60
+    epochs: int = 30
     batch: int = 128
-    layers: int = 3
+    layers: int = 2
     heads: int = 8
     sub_tokens: int = 8
     token_width: int = 64
+    mixer: str = Field(default="mlp", description="residual blocks: 'attention' (sub-token) or 'mlp' (per clip)")
+    hidden: int = 256
+    erase_fraction: float = Field(default=0.5, description="fitted label-free erasure of round(fraction x D) "
+                                  "appearance directions before the residual blocks (0 = none)")
+    erase_rank: int | None = Field(default=None, description="exact erasure rank (overrides erase_fraction)")
     seed: int = 0
     selection: str = "val_ar"
+    privacy: str = Field(default="critic", description="'critic' (learned critic) or 'ntxent' (the paper's objective)")
+    pairs: str = Field(default="both", description="static_static | static_action | both")
+    critic_steps: int = 2
+    critic_hidden: int = 256
+    erase_w_action: float = 1.0
+    erase_w_temporal: float = 0.0
+    heldout_fraction: float = 0.2
+    diagnose_steps: int = Field(default=300, description="steps of each fresh diagnostic critic (pair matching)")
 
     def train_config(self) -> TrainConfig:
         return TrainConfig(tasks=tuple(self.tasks), w_lc=self.w_lc, w_ar=self.w_ar, w_tad=self.w_tad, w_ad=self.w_ad,
                            w_b=self.w_b, temperature=self.temperature, lr=self.lr, epochs=self.epochs,
-                           batch=self.batch, seed=self.seed, selection=self.selection,
-                           adapter={"layers": self.layers, "heads": self.heads, "sub_tokens": self.sub_tokens,
-                                    "token_width": self.token_width})
+                           batch=self.batch, seed=self.seed, selection=self.selection, privacy=self.privacy,
+                           pairs=self.pairs, critic_steps=self.critic_steps, critic_hidden=self.critic_hidden,
+                           erase_w_action=self.erase_w_action, erase_w_temporal=self.erase_w_temporal,
+                           heldout_fraction=self.heldout_fraction, diagnose_steps=self.diagnose_steps,
+                           erase_fraction=self.erase_fraction, adapter=self.adapter_fields())
+
+    def adapter_fields(self) -> dict:
+        out = {"layers": self.layers, "heads": self.heads, "sub_tokens": self.sub_tokens,
+               "token_width": self.token_width, "mixer": self.mixer, "hidden": self.hidden}
+        return out if self.erase_rank is None else {**out, "erase_rank": self.erase_rank}
 
 
-def loss_curve_png(history: list[dict]) -> bytes:
+def loss_curve_png(history: list[dict], diagnostics: dict | None = None) -> bytes:
+    """Loss terms, validation AR, and (when measured) what a fresh critic still matches: the privacy objective's
+    own value beside held-out pair matching, so a rising loss with unchanged matching shows at a glance."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    fig, axes = plt.subplots(1, 3 if diagnostics else 2, figsize=(13.5 if diagnostics else 9, 3.2))
     epochs = [h["epoch"] for h in history]
     for key in ("lc", "ar", "tad", "ad", "privacy"):
         if key in history[0]:
@@ -60,11 +82,45 @@ def loss_curve_png(history: list[dict]) -> bytes:
     if any(v is not None for v in val):
         axes[1].plot(epochs, val)
     axes[1].set_xlabel("epoch"), axes[1].set_title("validation AR top-1")
+    if diagnostics:
+        _pair_matching_panel(axes[2], history, diagnostics)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80)
     plt.close(fig)
     return buf.getvalue()
+
+
+def _diagnostic_metadata(diag: dict | None) -> dict:
+    """Flat floats (Dagster plots them across materialisations): pair matching before and after the adapter."""
+    if not diag:
+        return {}
+    md = {"pair_matching_chance": diag["raw"]["chance"],
+          "pair_matching": dg.MetadataValue.json({"raw": diag["raw"], "selected": diag["selected"],
+                                                  "during": diag["during"]})}
+    for kind in ("static_static", "static_action"):
+        if kind in diag["raw"]:
+            md[f"pair_matching_{kind}_raw"] = diag["raw"][kind]
+            md[f"pair_matching_{kind}_after"] = diag["selected"][kind]
+    return md
+
+
+def _pair_matching_panel(ax, history: list[dict], diag: dict) -> None:
+    during = diag["during"]
+    colours = {"static_static": "tab:blue", "static_action": "tab:orange"}
+    for kind, colour in colours.items():
+        if kind in diag["raw"]:
+            ax.plot([d["epoch"] for d in during], [d[kind] for d in during], "o-", color=colour,
+                    label=f"{kind.replace('_', '↔')} after")
+            ax.axhline(diag["raw"][kind], color=colour, ls="--", lw=1, label=f"{kind.replace('_', '↔')} raw")
+    ax.axhline(diag["raw"]["chance"], color="grey", ls=":", lw=1, label="chance")
+    ax.set_ylim(0, 1.02), ax.set_xlabel("epoch"), ax.set_ylabel("fresh critic top-1 (held-out videos)")
+    ax.set_title("what is left: pair matching")
+    if "privacy" in history[0]:
+        twin = ax.twinx()
+        twin.plot([h["epoch"] for h in history], [h["privacy"] for h in history], color="tab:red", lw=1)
+        twin.set_ylabel("privacy objective", color="tab:red")
+    ax.legend(fontsize=6, loc="lower left")
 
 
 @dg.asset(deps=["clip_latents", "static_latents"], group_name="anonymizer", kinds={"pytorch", "safetensors"},
@@ -81,7 +137,7 @@ def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, stor
     save_adapter(adapter, acfg, final, fingerprint, extra={k: v for k, v in summary.items() if k != "history"},
                  storage_options=getattr(fs.fs, "storage_options", None))
     fs.fs.put_atomic(f"aam/{version}/history.json", (json.dumps(summary["history"]) + "\n").encode())
-    png = loss_curve_png(summary["history"])
+    png = loss_curve_png(summary["history"], summary.get("diagnostics"))
     fs.fs.put_atomic(f"aam/{version}/loss_curves.png", png)
     from splavu_core.publish import record_version
 
@@ -94,5 +150,6 @@ def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, stor
         "version": version, "parameters": summary["parameters"], "encoder_fingerprint": fingerprint,
         "selected_epoch": summary["selected_epoch"], "train_seconds": summary["seconds"],
         "final_losses": dg.MetadataValue.json(final_losses), "path": str(final),
+        **_diagnostic_metadata(summary.get("diagnostics")),
         "loss_curves": dg.MetadataValue.md(f"![loss curves](data:image/png;base64,{base64.b64encode(png).decode()})"),
     })

@@ -105,6 +105,11 @@ def _train_aam(store, config: dict) -> str:
     md = res.asset_materializations_for_node("aam_model")[0].metadata
     print(f"  AAM {md['version'].value}: {md['parameters'].value} parameters, selected epoch "
           f"{md['selected_epoch'].value}, {md['train_seconds'].value:.0f} s (encoder never loaded)")
+    if "pair_matching" in md:
+        pm = md["pair_matching"].value
+        print(f"  what a fresh critic still matches on held-out videos (chance {pm['raw']['chance']:.3f}): "
+              + ", ".join(f"{k.replace('_', '↔')} {pm['raw'][k]:.3f} → {pm['selected'][k]:.3f}"
+                          for k in pm["raw"] if k != "chance"))
     return md["version"].value
 
 

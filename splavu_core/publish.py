@@ -31,7 +31,7 @@ from .registry import dataset_of
 from .store import FeatureStore, StoreError
 from .storefs import join
 
-CHUNK_ROWS = 2048          # adapter batch: bounded memory, and batch-invariant anyway (see aam/model.py)
+CHUNK_ROWS = 16384         # adapter batch: bounded memory (12 MB at D=192); batch-invariant anyway (aam/model.py)
 IDENTITY_EPS = 1e-6        # max |f(x) - x| over a shard at or below this: the adapter is the identity
 INDEX_COLUMNS = ("video_id", "clip_index", "start_frame", "end_frame", "start_s", "end_s", "split")
 JSON_COLUMNS = ("segments", "anomaly_intervals")
@@ -159,6 +159,9 @@ def _load_checked_adapter(store: FeatureStore, adapter_dir):
     if have != want:
         raise PublishError(f"adapter {adapter_dir} (version {meta['version']}) was trained on latents of encoder "
                            f"{have!r}, but the store {store.root} holds latents of encoder {want!r}; refusing to mix them")
+    if cfg.oracle:
+        raise PublishError(f"adapter {adapter_dir} (version {meta['version']}) is the oracle diagnostic, trained with "
+                           f"private-attribute labels: it is never published")
     return adapter, cfg, meta
 
 

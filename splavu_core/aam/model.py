@@ -33,16 +33,26 @@ class AAMConfig:
     token_width: int = 64       # W: width of a sub-token inside the blocks (8 heads x 8 dims by default)
     ffn: bool = False           # add a pre-norm GELU MLP branch after each attention (official AAM has none)
     clip_context: bool = False  # also attend over the video's own clips; then anonymizing needs whole videos
+    erase_rank: int = 0         # k: a fitted linear erasure of k appearance directions runs first (0 = none)
+    mixer: str = "attention"    # residual blocks: "attention" (sub-token attention, as above) or "mlp" (per clip)
+    hidden: int = 256           # width of an "mlp" block (D -> hidden -> D)
+    oracle: bool = False        # trained WITH private-attribute labels: a diagnostic, never publishable
 
     def __post_init__(self):
         for f in fields(self):
             v = getattr(self, f.name)
-            want = bool if f.type in ("bool", bool) else int
+            want = bool if f.type in ("bool", bool) else str if f.type in ("str", str) else int
             if type(v) is not want:  # bool is an int subclass: be strict so JSON mistakes show up
                 raise TypeError(f"AAMConfig.{f.name} must be {want.__name__}, got {v!r}")
         for name in ("dim", "layers", "heads", "sub_tokens", "token_width"):
             if getattr(self, name) < 1:
                 raise ValueError(f"AAMConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.mixer not in ("attention", "mlp"):
+            raise ValueError(f"AAMConfig.mixer must be 'attention' or 'mlp', got {self.mixer!r}")
+        if self.mixer == "mlp" and self.clip_context:
+            raise ValueError("AAMConfig.clip_context needs mixer='attention' (an mlp block sees one clip)")
+        if not 0 <= self.erase_rank < self.dim:
+            raise ValueError(f"AAMConfig.erase_rank must be in [0, dim={self.dim}), got {self.erase_rank}")
         if self.dim % self.sub_tokens:
             divisors = [s for s in range(1, self.dim + 1) if self.dim % s == 0]
             raise ValueError(f"AAMConfig.sub_tokens={self.sub_tokens} must divide dim={self.dim} "
@@ -55,7 +65,12 @@ class AAMConfig:
         return self.dim // self.sub_tokens
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        # fields added after format 1 are omitted at their default, so existing adapters keep their version hash
+        d = asdict(self)
+        for name, default in (("erase_rank", 0), ("oracle", False), ("mixer", "attention"), ("hidden", 256)):
+            if d[name] == default:
+                del d[name]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "AAMConfig":
@@ -100,6 +115,21 @@ class MLP(nn.Module):
         return self.proj(F.gelu(self.fc(self.norm(h))))
 
 
+class ClipMLP(nn.Module):
+    """Pre-norm residual MLP branch on a whole clip vector, zero-initialised output (identity at init)."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.fc = nn.Linear(dim, hidden)
+        self.proj = nn.Linear(hidden, dim)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., D) -> (..., D)
+        return self.proj(F.gelu(self.fc(self.norm(x))))
+
+
 class Block(nn.Module):
     """Sub-token attention (within one clip) [+ clip attention (within one video)] [+ MLP], all residual."""
 
@@ -125,14 +155,37 @@ class Block(nn.Module):
         return h
 
 
+class Erasure(nn.Module):
+    """e(x) = x - ((x - mu) R) L^T: an oblique projection that removes k directions (rank-k update).
+
+    Fitted in closed form (`aam.erasure.fit_erasure`), then frozen: buffers, not parameters. All zeros
+    (unfitted) is exactly the identity. Linear and per clip, so it treats a static clip and a moving clip
+    alike: it cannot learn to scramble only the clips the privacy loss looks at."""
+
+    def __init__(self, dim: int, rank: int):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(dim))       # (D,)
+        self.register_buffer("read", torch.zeros(dim, rank))  # R: (D, k) reads the erased coordinates
+        self.register_buffer("write", torch.zeros(dim, rank)) # L: (D, k) where they live in feature space
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., D)
+        return x - ((x - self.mean) @ self.read) @ self.write.T
+
+
 class AnonymizingAdapter(nn.Module):
     """f_A: (B, T, D) videos x clips [+ (B, T) bool padding mask, True = real clip] or (N, D) lone clips
-    -> same shape. Padded clips are returned unchanged and never influence real ones."""
+    -> same shape. Padded clips are returned unchanged and never influence real ones.
+
+    f_A(x) = e(x) + delta(e(x)): an optional fitted linear erasure e, then the residual attention branch."""
 
     def __init__(self, cfg: AAMConfig):
         super().__init__()
         self.cfg = cfg
         S, C, W = cfg.sub_tokens, cfg.sub_dim, cfg.token_width
+        self.erase = Erasure(cfg.dim, cfg.erase_rank) if cfg.erase_rank else None
+        if cfg.mixer == "mlp":  # one dense residual MLP per block on the whole D-vector: ~8x fewer MACs per clip
+            self.mlps = nn.ModuleList(ClipMLP(cfg.dim, cfg.hidden) for _ in range(cfg.layers))
+            return
         self.lift = nn.Linear(C, W)                       # shared across the S sub-tokens
         self.pos = nn.Parameter(0.02 * torch.randn(S, W))  # which slice of the D-vector a sub-token is
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
@@ -156,6 +209,15 @@ class AnonymizingAdapter(nn.Module):
             x_in = torch.where(mask[..., None], x, 0.0)  # padding may hold anything (even NaN): keep it out
         else:
             x_in = x
+        if self.erase is not None:
+            x_in = self.erase(x_in)
+            x = x_in if mask is None else torch.where(mask[..., None], x_in, x)
+        if cfg.mixer == "mlp":
+            h = x_in
+            for mlp in self.mlps:
+                h = h + mlp(h)                                   # (B, T, D)
+            y = h if mask is None else torch.where(mask[..., None], h, x)
+            return y[:, 0] if lone else y
 
         h = self.lift(rearrange(x_in, "b t (s c) -> (b t) s c", s=cfg.sub_tokens)) + self.pos  # (B*T, S, W)
         for block in self.blocks:

@@ -13,11 +13,13 @@ any encoder's feature scale (the paper's w_lc = 100 was tied to its features' sc
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from ..features import VideoFeatures
@@ -33,6 +35,10 @@ class TrainingDataError(ValueError):
     """The store cannot train this configuration; raised before any step runs."""
 
 
+PRIVACY_OBJECTIVES = ("critic", "ntxent")
+PAIRS = ("static_static", "static_action", "both")
+
+
 @dataclass
 class TrainConfig:
     tasks: tuple = TASKS                 # utility tasks co-trained (any subset; empty = privacy + LC only)
@@ -44,12 +50,26 @@ class TrainConfig:
     temperature: float = 0.1
     lr: float = 1e-3                     # AAM + AR head
     head_lr: float = 1e-3                # TAD / AD heads (own optimizers)
-    epochs: int = 60
-    batch: int = 128                     # clips per step (AR); static pairs per step = batch // 4 videos
+    epochs: int = 30
+    batch: int = 128                     # clips per step (AR); pairs per step: batch (critic), batch // 4 (ntxent)
     pretrain_head_epochs: int = 30       # TAD / AD heads first fit on raw features
     seed: int = 0
     selection: str = "val_ar"            # keep the epoch with the best validation AR top-1 ("last": final epoch)
-    adapter: dict = field(default_factory=lambda: {"layers": 3, "heads": 8, "sub_tokens": 8, "token_width": 64})
+    adapter: dict = field(default_factory=lambda: {"layers": 2, "mixer": "mlp", "hidden": 256})
+    # privacy objective: "ntxent" = the paper's (maximise a fixed-cosine NT-Xent of two static clips);
+    # "critic" = a learned critic matches pairs of one video, the adapter is trained to confuse it
+    privacy: str = "critic"
+    pairs: str = "both"                  # which pairs of one video the privacy term looks at (see PAIRS)
+    critic_steps: int = 2                # critic updates per adapter step
+    critic_hidden: int = 256
+    critic_lr: float = 1e-3
+    erase_fraction: float = 0.5          # erasure rank = round(fraction * D), unless adapter sets erase_rank
+    erase_w_action: float = 1.0          # erasure fit: weight of the action-class scatter it must keep
+    erase_w_temporal: float = 0.0        # erasure fit: weight of the within-video (over time) scatter it must keep
+    heldout_fraction: float = 0.2        # static-bearing training videos kept out of training, for diagnostics
+    diagnose_points: int = 4             # fresh-critic pair matching measured this many times during training
+    diagnose_steps: int = 300            # training steps of each fresh diagnostic critic
+    oracle: bool = False                 # DIAGNOSTIC ONLY: adversary on private-attribute labels (never publishable)
 
     def __post_init__(self):
         unknown = set(self.tasks) - set(TASKS)
@@ -57,6 +77,12 @@ class TrainConfig:
             raise ValueError(f"unknown task(s) {sorted(unknown)}; choose from {TASKS}")
         if self.selection not in ("val_ar", "last"):
             raise ValueError(f"selection must be 'val_ar' or 'last', got {self.selection!r}")
+        if self.privacy not in PRIVACY_OBJECTIVES:
+            raise ValueError(f"privacy must be one of {PRIVACY_OBJECTIVES}, got {self.privacy!r}")
+        if self.pairs not in PAIRS:
+            raise ValueError(f"pairs must be one of {PAIRS}, got {self.pairs!r}")
+        if not 0 <= self.heldout_fraction < 0.5:
+            raise ValueError(f"heldout_fraction must be in [0, 0.5), got {self.heldout_fraction}")
 
 
 @dataclass
@@ -69,6 +95,9 @@ class TrainingData:
     classes: list[str]                   # AR classes
     tad_classes: list[str]
     dim: int
+    static_ids: list[str] = field(default_factory=list)        # (V,) video of each static row
+    static_actions: list[np.ndarray] | None = None              # (V,) that video's moving clips, (n_clips, D) each
+    attributes: np.ndarray | None = None  # (V, A) private labels of the static videos: ONLY the oracle sets it
 
 
 def check_data(data: TrainingData, cfg: TrainConfig) -> None:
@@ -156,12 +185,108 @@ def ad_loss(ad_head, videos, adapter, gen, batch=16):
     return ad_mil_loss(scores, labels)
 
 
+class PairCritic(nn.Module):
+    """A learned critic: projects a clip so that two clips of the same video match (InfoNCE)."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, 64))
+
+    def logits(self, a: torch.Tensor, b: torch.Tensor, temperature: float) -> torch.Tensor:  # (N, D) x2 -> (N, N)
+        return F.normalize(self.net(a), dim=1) @ F.normalize(self.net(b), dim=1).T / temperature
+
+
+def _info_nce(logits: torch.Tensor) -> torch.Tensor:
+    target = torch.arange(len(logits))
+    return (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target)) / 2
+
+
+def _confusion(logits: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the critic's matching against the uniform guess (minimum log N: nothing to match).
+    Bounded, unlike maximising the critic's loss, which a confidently *wrong* (still informative) match satisfies."""
+    return -(F.log_softmax(logits, 1).mean() + F.log_softmax(logits, 0).mean()) / 2
+
+
+class PairSampler:
+    """Pairs of one video for the privacy term, from the training (not held-out) static-bearing videos."""
+
+    def __init__(self, data: TrainingData, fit_idx: np.ndarray, kind: str, gen: torch.Generator):
+        self.static = torch.from_numpy(data.static[fit_idx].astype(np.float32))       # (V, K, D)
+        self.actions = None if data.static_actions is None else \
+            [torch.from_numpy(data.static_actions[i]) for i in fit_idx]
+        self.kinds = ("static_static", "static_action") if kind == "both" else (kind,)
+        if self.actions is None or any(len(a) == 0 for a in self.actions):
+            self.kinds = ("static_static",)
+        self.gen, self.fit_idx = gen, fit_idx
+
+    def sample(self, n: int):
+        """(a, b, video rows): (n, D), (n, D), (n,) indices into the fit videos."""
+        V, K, _ = self.static.shape
+        vids = torch.randperm(V, generator=self.gen)[:min(n, V)]
+        k = torch.stack([torch.randperm(K, generator=self.gen)[:2] for _ in range(len(vids))])  # (n, 2)
+        a = self.static[vids, k[:, 0]]
+        kind = self.kinds[int(torch.randint(len(self.kinds), (1,), generator=self.gen))]
+        if kind == "static_static":
+            b = self.static[vids, k[:, 1]]
+        else:
+            b = torch.stack([self.actions[v][int(torch.randint(len(self.actions[v]), (1,), generator=self.gen))]
+                             for v in vids.tolist()])
+        return a, b, vids
+
+
+def _fit_erasure_into(adapter, data: TrainingData, fit_idx: np.ndarray, cfg: TrainConfig, log) -> dict:
+    from .erasure import fit_erasure
+
+    rank = adapter.cfg.erase_rank
+    clips = labels = None
+    if data.ar_train and cfg.erase_w_action > 0:
+        clips = np.concatenate([v.feats for v in data.ar_train])
+        labels = np.concatenate([[v.meta["action"]] * len(v.feats) for v in data.ar_train])
+    videos = [v.feats for v in data.ar_train + data.tad_train + data.ad_train]
+    fit = fit_erasure(data.static[fit_idx], rank, clips, labels, w_action=cfg.erase_w_action,
+                      video_clips=videos, w_temporal=cfg.erase_w_temporal)
+    with torch.no_grad():
+        adapter.erase.mean.copy_(torch.from_numpy(fit.mean))
+        adapter.erase.read.copy_(torch.from_numpy(fit.read))
+        adapter.erase.write.copy_(torch.from_numpy(fit.write))
+    ev = fit.eigenvalues
+    if log:
+        log(f"erasure: removed {rank} appearance directions (ratio {ev[0]:.2f} .. {ev[rank - 1]:.2f}; "
+            f"largest left {ev[rank]:.2f})")
+    return {"rank": rank, "eigenvalues": [round(float(e), 4) for e in ev[:2 * rank + 1]]}
+
+
+def _diagnose(adapter, data: TrainingData, fit_idx, held_idx, seed: int, steps: int) -> dict:
+    from .diagnostics import pair_matching_report
+
+    def transform(x):
+        with torch.no_grad():
+            return adapter(torch.from_numpy(np.ascontiguousarray(x, np.float32))).numpy()
+
+    was = adapter.training
+    adapter.eval()
+    out = pair_matching_report(data.static, data.static_actions, fit_idx, held_idx,
+                               transform=transform, seed=seed, steps=steps)
+    adapter.train(was)
+    return {k: round(v, 4) for k, v in out.items()}
+
+
 def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[AnonymizingAdapter, AAMConfig, dict]:
-    """Returns the selected adapter, its config, and a history of per-epoch losses and validation metrics."""
+    """Returns the selected adapter, its config, and a history of per-epoch losses and validation metrics.
+
+    summary["diagnostics"]: fresh-critic pair matching on held-out videos before (raw) and after the adapter,
+    during training and for the selected adapter (aam.diagnostics)."""
+    from .diagnostics import heldout_split, pair_matching_report
+
     check_data(data, cfg)
+    if cfg.oracle and data.attributes is None:
+        raise TrainingDataError("the oracle variant needs private-attribute labels (load_oracle_labels); "
+                                "it is a diagnostic and is never trained by default")
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
-    acfg = AAMConfig(dim=data.dim, **cfg.adapter)
+    adapter_kw = dict(cfg.adapter)
+    adapter_kw.setdefault("erase_rank", int(round(cfg.erase_fraction * data.dim)))
+    acfg = AAMConfig(dim=data.dim, oracle=cfg.oracle, **adapter_kw)
     adapter = AnonymizingAdapter(acfg)
     C = len(data.classes)
     ar_head = ARHead(data.dim, max(C, 2))
@@ -169,14 +294,30 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
     ad_head = ADHead(data.dim)
     _pretrain_heads(data, cfg, tad_head, ad_head, gen)
 
+    n_static = len(data.static)
+    diagnose = cfg.heldout_fraction > 0 and n_static >= 8
+    if diagnose:
+        fit_idx, held_idx = heldout_split(n_static, cfg.heldout_fraction, cfg.seed, minimum=min(32, n_static // 4))
+    else:
+        fit_idx, held_idx = np.arange(n_static), np.arange(0)
+    erasure = _fit_erasure_into(adapter, data, fit_idx, cfg, log) if acfg.erase_rank else None
+
     x_ar, y_ar = _ar_arrays(data.ar_train, data.classes) if data.ar_train else (torch.zeros(0, data.dim), None)
     static = torch.from_numpy(data.static.astype(np.float32))      # (V, K, D)
     pool = torch.cat([x_ar, static.flatten(0, 1)]) if len(x_ar) else static.flatten(0, 1)
-    scale = float(pool.var(0).mean())                               # LC normaliser: mean per-dim variance
+    scale = float(pool.var(0).mean())                               # LC normaliser: mean per-dimension variance
     opt = torch.optim.AdamW(list(adapter.parameters()) + list(ar_head.parameters()), lr=cfg.lr)
     opt_tad = torch.optim.AdamW(tad_head.parameters(), lr=cfg.head_lr)
     opt_ad = torch.optim.AdamW(ad_head.parameters(), lr=cfg.head_lr, weight_decay=5e-4)
-    steps_per_epoch = max(1, len(x_ar) // cfg.batch) if len(x_ar) else max(1, len(static) // max(2, cfg.batch // 4))
+    sampler = PairSampler(data, fit_idx, cfg.pairs, gen)
+    critic = PairCritic(data.dim, cfg.critic_hidden) if cfg.privacy == "critic" else None
+    opt_critic = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr) if critic else None
+    oracle = _Oracle(data, fit_idx, cfg) if cfg.oracle else None
+    steps_per_epoch = max(1, len(x_ar) // cfg.batch) if len(x_ar) else max(1, len(fit_idx) // max(2, cfg.batch // 4))
+    diag_epochs = set(np.linspace(1, cfg.epochs, cfg.diagnose_points).round().astype(int).tolist()) if diagnose else set()
+    diag = {"raw": _round(pair_matching_report(data.static, data.static_actions, fit_idx, held_idx, seed=cfg.seed,
+                                                steps=cfg.diagnose_steps))
+            if diagnose else None, "during": []}
     history, best = [], (-1.0, None, -1)
     t0 = time.perf_counter()
     for epoch in range(1, cfg.epochs + 1):
@@ -184,29 +325,30 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
         for _ in range(steps_per_epoch):
             parts = {}
             # clips for LC (+ AR): a random batch of training clips (static clips when no AR data)
-            idx = torch.randint(len(pool), (cfg.batch,), generator=gen)
             if len(x_ar):
                 idx = torch.randint(len(x_ar), (cfg.batch,), generator=gen)
                 h = x_ar[idx]
             else:
-                h = pool[idx]
+                h = pool[torch.randint(len(pool), (cfg.batch,), generator=gen)]
             z = adapter(h)                                          # (B, D)
-            parts["lc"] = F.mse_loss(z, h) / scale
+            target = h if adapter.erase is None else adapter.erase(h).detach()  # consistency with the erased space
+            parts["lc"] = F.mse_loss(z, target) / scale
             if "ar" in cfg.tasks:
                 parts["ar"] = F.cross_entropy(ar_head(z), y_ar[idx])
-            # privacy budget: two static clips of the same video, other videos as negatives
-            nv = min(len(static), max(2, cfg.batch // 4))
-            vids = torch.randperm(len(static), generator=gen)[:nv]
-            k = torch.stack([torch.randperm(static.shape[1], generator=gen)[:2] for _ in range(nv)])  # (nv, 2)
-            s1, s2 = static[vids, k[:, 0]], static[vids, k[:, 1]]
-            parts["privacy"] = nt_xent(adapter(s1), adapter(s2), cfg.temperature)
+            a, b, rows = sampler.sample(cfg.batch if cfg.privacy == "critic" else max(2, cfg.batch // 4))
+            if cfg.w_b > 0:
+                parts["privacy"] = _privacy_term(adapter, critic, opt_critic, a, b, cfg)
+            if oracle is not None:
+                parts["oracle"] = oracle.step(adapter, a, b, rows)
             if "tad" in cfg.tasks:
                 pick = torch.randperm(len(data.tad_train), generator=gen)[:16].tolist()
                 parts["tad"] = tad_loss_of(tad_head, data, [data.tad_train[j] for j in pick], adapter)
             if "ad" in cfg.tasks:
                 parts["ad"] = ad_loss(ad_head, data.ad_train, adapter, gen)
+            privacy = parts.get("privacy", 0)
+            sign = -1.0 if cfg.privacy == "ntxent" else 1.0         # the paper maximises its NT-Xent
             loss = (cfg.w_lc * parts["lc"] + cfg.w_ar * parts.get("ar", 0) + cfg.w_tad * parts.get("tad", 0)
-                    + cfg.w_ad * parts.get("ad", 0) - cfg.w_b * parts["privacy"])
+                    + cfg.w_ad * parts.get("ad", 0) + sign * cfg.w_b * privacy + cfg.w_b * parts.get("oracle", 0))
             opt.zero_grad()
             opt_tad.zero_grad()
             opt_ad.zero_grad()
@@ -215,29 +357,102 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
             opt.step()
             opt_tad.step()
             opt_ad.step()
-            for name, v in {**parts, "total": loss}.items():
+            logged = {**parts, "total": loss}
+            if critic is not None and cfg.w_b > 0:
+                logged["privacy"] = critic.last_match_loss          # the objective's own value: critic InfoNCE
+            for name, v in logged.items():
                 sums[name] = sums.get(name, 0.0) + float(v.detach() if torch.is_tensor(v) else v) / steps_per_epoch
         adapter.eval()
         val = val_ar_top1(adapter, ar_head, data.ar_val, data.classes) if data.ar_val and "ar" in cfg.tasks else None
         adapter.train()
         entry = {"epoch": epoch, **{k: round(v, 5) for k, v in sums.items()}, "val_ar_top1": val}
+        if epoch in diag_epochs:
+            d = _diagnose(adapter, data, fit_idx, held_idx, cfg.seed, cfg.diagnose_steps)
+            diag["during"].append({"epoch": epoch, **d})
+            entry.update({f"pm_{k}": v for k, v in d.items() if k != "chance"})
         history.append(entry)
         score = val if (cfg.selection == "val_ar" and val is not None) else epoch
         if score >= best[0]:
             best = (score, copy.deepcopy(adapter.state_dict()), epoch)
         if log and (epoch % max(1, cfg.epochs // 10) == 0 or epoch == 1):
             log(f"epoch {epoch}/{cfg.epochs} " + " ".join(f"{k} {v:.4f}" for k, v in sums.items())
-                + (f" val_ar_top1 {val:.3f}" if val is not None else ""))
+                + (f" val_ar_top1 {val:.3f}" if val is not None else "")
+                + "".join(f" {k} {v:.3f}" for k, v in entry.items() if k.startswith("pm_")))
     adapter.load_state_dict(best[1])
     adapter.eval()
+    if diagnose:
+        diag["selected"] = _diagnose(adapter, data, fit_idx, held_idx, cfg.seed, cfg.diagnose_steps)
+        if log:
+            log("pair matching of a fresh critic on held-out videos (chance {:.3f}): ".format(diag["raw"]["chance"])
+                + ", ".join(f"{k} {diag['raw'][k]:.3f} -> {diag['selected'][k]:.3f}"
+                            for k in diag["raw"] if k != "chance"))
     summary = {"selected_epoch": best[2], "history": history, "seconds": round(time.perf_counter() - t0, 2),
-               "lc_scale": scale, "train_config": asdict(cfg),
+               "lc_scale": scale, "train_config": asdict(cfg), "erasure": erasure,
+               "diagnostics": diag if diagnose else None, "heldout_videos": int(len(held_idx)),
                "final": history[best[2] - 1], "parameters": sum(p.numel() for p in adapter.parameters())}
     return adapter, acfg, summary
 
 
+def _round(d: dict) -> dict:
+    return {k: round(v, 4) for k, v in d.items()}
+
+
+def _privacy_term(adapter, critic, opt_critic, a, b, cfg: TrainConfig) -> torch.Tensor:
+    """The paper's NT-Xent of the adapter outputs (caller maximises it), or the learned critic's confusion."""
+    za, zb = adapter(a), adapter(b)                                  # (n, D) each
+    if critic is None:
+        return nt_xent(za, zb, cfg.temperature)
+    for _ in range(cfg.critic_steps):                                # the critic catches up on detached outputs
+        loss_c = _info_nce(critic.logits(za.detach(), zb.detach(), cfg.temperature))
+        opt_critic.zero_grad()
+        loss_c.backward()
+        opt_critic.step()
+    critic.last_match_loss = loss_c.detach()
+    for p in critic.parameters():                                    # only the adapter learns from the confusion
+        p.requires_grad_(False)
+    conf = _confusion(critic.logits(za, zb, cfg.temperature))
+    for p in critic.parameters():
+        p.requires_grad_(True)
+    return conf
+
+
+class _Oracle:
+    """DIAGNOSTIC ONLY: a supervised attribute attacker on the training actors' private labels; the adapter
+    is trained to push its predictions to the attributes' prevalence. Shows what this encoder permits at all."""
+
+    def __init__(self, data: TrainingData, fit_idx: np.ndarray, cfg: TrainConfig):
+        y = torch.from_numpy(np.asarray(data.attributes, np.float32)[fit_idx])   # (V, A)
+        self.y, self.prior = y, y.mean(0).clamp(0.02, 0.98)
+        D, A = data.dim, y.shape[1]
+        self.net = nn.Sequential(nn.Linear(D, D), nn.ReLU(), nn.Linear(D, A))
+        self.opt = torch.optim.AdamW(self.net.parameters(), lr=1e-3)
+        self.steps = cfg.critic_steps
+
+    def step(self, adapter, a, b, rows) -> torch.Tensor:
+        x = torch.cat([adapter(a), adapter(b)])                     # static and (if paired) moving clips
+        y = self.y[rows].repeat(2, 1)
+        for _ in range(self.steps):
+            loss = F.binary_cross_entropy_with_logits(self.net(x.detach()), y)
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+        for p in self.net.parameters():
+            p.requires_grad_(False)
+        conf = F.binary_cross_entropy_with_logits(self.net(x), self.prior.expand_as(y))
+        for p in self.net.parameters():
+            p.requires_grad_(True)
+        return conf
+
+
+def _label_free(v: VideoFeatures) -> VideoFeatures:
+    """The video without its private-attribute labels: training must not be able to read them."""
+    return dataclasses.replace(v, meta={k: val for k, val in v.meta.items() if not k.startswith("attr_")})
+
+
 def load_training_data(store, ar: str | None = "ar", tad: str | None = "tad", ad: str | None = "ad") -> TrainingData:
-    """Raw latents of the datasets that supply each task (None: not available), from the store only."""
+    """Raw latents of the datasets that supply each task (None: not available), from the store only.
+
+    Every attr_* label is dropped on load (see `load_oracle_labels` for the one diagnostic that reads them)."""
     from ..publish import load_video_features
     from ..registry import registered
 
@@ -252,21 +467,45 @@ def load_training_data(store, ar: str | None = "ar", tad: str | None = "tad", ad
     if missing:
         raise TrainingDataError(f"store {store.root} is missing the latents of shard(s) {missing}: "
                                 f"materialise clip_latents for them before training")
-    videos = {d: load_video_features(store, source="raw", datasets=[d]) for d in wanted}
-    statics = []
+    videos = {d: [_label_free(v) for v in load_video_features(store, source="raw", datasets=[d])] for d in wanted}
+    by_id = {v.video_id: v for vs in videos.values() for v in vs}
+    statics, static_ids = [], []
     for s in shards:
         part = store.read_shard(s)  # refuses latents of another encoder fingerprint
         if len(part.static):
             statics.append(part.static)
+            static_ids += part.static_index.column("video_id").to_pylist()[::part.static.shape[1]]
     ar_videos = [v for v in videos.get(ar, []) if v.meta.get("action")]
     tad_train = [v for v in videos.get(tad, []) if v.split == "train"]
     classes = sorted({v.meta["action"] for v in ar_videos})
     tad_classes = sorted({s[2] for v in tad_train for s in (v.meta.get("segments") or [])})
     dim = next(len(v.feats[0]) for vs in videos.values() for v in vs)
     K = min((s.shape[1] for s in statics), default=0)
+    actions = [by_id[i].feats if i in by_id else np.zeros((0, dim), np.float32) for i in static_ids]
     return TrainingData(ar_train=[v for v in ar_videos if v.split == "train"],
                         ar_val=[v for v in ar_videos if v.split == "val"],
                         tad_train=tad_train,
                         ad_train=[v for v in videos.get(ad, []) if v.split == "train" and v.meta.get("anomaly") is not None],
                         static=np.concatenate([s[:, :K] for s in statics]) if statics else np.zeros((0, 0, dim), np.float32),
-                        classes=classes, tad_classes=tad_classes, dim=dim)
+                        classes=classes, tad_classes=tad_classes, dim=dim, static_ids=static_ids,
+                        static_actions=actions if static_ids else None)
+
+
+def load_oracle_labels(store, data: TrainingData) -> TrainingData:
+    """DIAGNOSTIC ONLY (the `oracle` variant): the training videos' private attr_* labels from their manifests.
+
+    Raises unless every static-bearing training video has every attribute. Never called by default training."""
+    from ..publish import _manifest_rows
+
+    rows = {}
+    for shard in store.committed_shards():
+        for vid, meta in _manifest_rows(store, shard).items():
+            rows[vid] = meta
+    cols = sorted({k for i in data.static_ids for k, v in (rows.get(i) or {}).items()
+                   if k.startswith("attr_") and v is not None})
+    missing = [i for i in data.static_ids if any((rows.get(i) or {}).get(c) is None for c in cols)]
+    if not cols or missing:
+        raise TrainingDataError(f"oracle: training videos lack attr_* labels (columns {cols}; "
+                                f"{len(missing)} videos missing some, e.g. {missing[:3]})")
+    y = np.array([[float(rows[i][c]) for c in cols] for i in data.static_ids], np.float32)
+    return dataclasses.replace(data, attributes=y)

@@ -1,0 +1,142 @@
+"""What the anonymizer removes, measured label-free (diagnostics) and by attackers; the oracle's quarantine;
+the erasure stage; the guarantee that training never reads a private-attribute label."""
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from splavu_core.aam.diagnostics import heldout_split, pair_matching_report
+from splavu_core.aam.erasure import apply_erasure, fit_erasure
+from splavu_core.evaluation import suite
+from splavu_core.store import FeatureStore
+
+SMALL = dict(epochs=3, batch=64, pretrain_head_epochs=2, lr=3e-3, tasks=("ar",),
+             adapter={"layers": 1, "heads": 2, "sub_tokens": 4, "token_width": 16, "erase_rank": 4},
+             privacy="critic", pairs="both", diagnose_points=2, diagnose_steps=60)
+
+
+def toy_videos(n=96, K=6, D=24, n_app=6, seed=0):
+    """Appearance lives in the first n_app dims (per video, in static AND moving clips); actions elsewhere."""
+    rng = np.random.default_rng(seed)
+    app = np.zeros((n, D))
+    app[:, :n_app] = rng.normal(0, 2, (n, n_app))
+    labels = rng.integers(3, size=n)
+    act = np.zeros((3, D))
+    act[:, n_app:n_app + 3] = 3 * np.eye(3)
+    static = app[:, None] + 0.2 * rng.normal(0, 1, (n, K, D))
+    actions = [app[i] + act[labels[i]] + 0.2 * rng.normal(0, 1, (4, D)) for i in range(n)]
+    return static.astype(np.float32), [a.astype(np.float32) for a in actions], labels
+
+
+def test_erasure_removes_what_static_clips_share_and_keeps_actions():
+    static, actions, labels = toy_videos()
+    clips, clip_labels = np.concatenate(actions), np.repeat(labels, 4)
+    fit = fit_erasure(static, rank=6, action_clips=clips, action_labels=clip_labels)
+    erased = apply_erasure(fit, clips)
+    between = lambda x: np.cov(x.reshape(len(static), -1, x.shape[-1]).mean(1), rowvar=False).trace()  # noqa: E731
+    assert between(apply_erasure(fit, static.reshape(-1, static.shape[-1]))) < 0.05 * between(static)
+    centres = np.stack([erased[clip_labels == c].mean(0) for c in range(3)])
+    raw_centres = np.stack([clips[clip_labels == c].mean(0) for c in range(3)])
+    # action separation survives (the appearance dims carried none of it)
+    assert np.linalg.norm(centres[0] - centres[1]) == pytest.approx(np.linalg.norm(raw_centres[0] - raw_centres[1]), rel=0.15)
+    with pytest.raises(AssertionError, match="rank"):
+        fit_erasure(static, rank=0)
+
+
+def test_pair_matching_sees_identity_and_its_removal():
+    static, actions, labels = toy_videos()
+    fit_idx, held_idx = heldout_split(len(static), 0.4, minimum=32)
+    assert not set(fit_idx) & set(held_idx) and len(held_idx) == 38
+    raw = pair_matching_report(static, actions, fit_idx, held_idx, steps=150)
+    clips = np.concatenate(actions)
+    erasure = fit_erasure(static, 6, clips, np.repeat(labels, 4))
+    after = pair_matching_report(static, actions, fit_idx, held_idx, transform=lambda x: apply_erasure(erasure, x),
+                                 steps=150)
+    assert raw["static_static"] > 0.9 and raw["static_action"] > 0.9      # one video's clips are easy to match
+    assert after["static_static"] < 0.3 and after["static_action"] < 0.3   # chance 1/32 ~ 0.03
+
+
+def _train(fs, **over):
+    from splavu_core.aam.io import adapter_version
+    from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
+
+    adapter, acfg, summary = train_aam(load_training_data(fs, tad=None, ad=None), TrainConfig(**{**SMALL, **over}), log=None)
+    return adapter, acfg, summary, adapter_version(adapter, acfg, fs.encoder_fingerprint())
+
+
+@pytest.fixture(scope="module")
+def store_copy(tiny_store, tmp_path_factory):
+    dst = tmp_path_factory.mktemp("label_free") / "store"
+    shutil.copytree(tiny_store, dst)
+    return FeatureStore(dst)
+
+
+def test_training_never_reads_private_attribute_labels(store_copy):
+    fs = store_copy
+    _, _, summary, v1 = _train(fs)
+    changed = 0
+    for path in sorted((fs.root / "manifests").glob("*.parquet")):
+        t = pq.read_table(path)
+        cols = [c for c in t.column_names if c.startswith("attr_")]
+        for c in cols:  # flip every private label: a trainer that read any of them would train differently
+            flipped = pa.array([None if x is None else 1 - x for x in t.column(c).to_pylist()], t.schema.field(c).type)
+            t = t.set_column(t.schema.get_field_index(c), c, flipped)
+        changed += bool(cols)
+        pq.write_table(t, path)
+    assert changed >= 2, "the training datasets must carry attr_* labels for this test to mean anything"
+    _, _, summary2, v2 = _train(fs)
+    assert v1 == v2, "the AAM version changed when only private-attribute labels changed"
+    # the diagnostics ran and are in the summary
+    d = summary["diagnostics"]
+    assert set(d["raw"]) == {"chance", "static_static", "static_action"} and len(d["during"]) == 2
+    assert summary["heldout_videos"] >= 6 and summary["erasure"]["rank"] == 4
+
+
+def test_oracle_is_refused_by_publish_and_promotion(store_copy):
+    from splavu_core.aam.io import save_adapter
+    from splavu_core.aam.train import TrainConfig, TrainingDataError, load_oracle_labels, load_training_data, train_aam
+    from splavu_core.publish import PublishError, anonymize_shard, record_version
+
+    fs = store_copy
+    data = load_training_data(fs, tad=None, ad=None)
+    assert data.attributes is None and all(not k.startswith("attr_") for v in data.ar_train for k in v.meta)
+    with pytest.raises(TrainingDataError, match="oracle"):
+        train_aam(data, TrainConfig(**{**SMALL, "oracle": True}), log=None)
+    adapter, acfg, _ = train_aam(load_oracle_labels(fs, data), TrainConfig(**{**SMALL, "oracle": True}), log=None)
+    assert acfg.oracle
+    from splavu_core.aam.io import adapter_version
+
+    fp = fs.encoder_fingerprint()
+    version = adapter_version(adapter, acfg, fp)
+    save_adapter(adapter, acfg, fs.root / "aam" / version, fp)
+    record_version(fs, version, {"encoder_fingerprint": fp, "config": acfg.to_dict()}, make_current=False)
+    with pytest.raises(PublishError, match="oracle"):
+        anonymize_shard(fs, "ar-000", fs.root / "aam" / version)
+    ok, why = suite.passes_privacy_budget(fs, version, threshold=-1.0)
+    assert not ok and "oracle" in why
+
+
+def test_budget_gates_on_the_weaker_of_closeups_and_action_clips():
+    closeups = {"leakage_removed": 0.8, "raw_cmap": 0.9, "anonymized_cmap": 0.58, "chance_cmap": 0.5}
+    clips = {"leakage_removed": 0.3, "raw_cmap": 0.8, "anonymized_cmap": 0.71, "chance_cmap": 0.5}
+    ok, why = suite.budget_verdict({**clips, "closeups": closeups, "clips": clips}, 0.5)
+    assert not ok and "closeups: leakage removed 0.800 >= budget 0.5" in why and "clips: leakage removed 0.300 < " in why
+    ok, why = suite.budget_verdict({**closeups, "closeups": closeups, "clips": {"skipped": "no attr_* labels"}}, 0.5)
+    assert ok and "action clips not measured (no attr_* labels)" in why
+
+
+def test_adapter_with_erasure_is_batch_invariant_and_exactly_identity_unfitted():
+    from splavu_core.aam.model import AAMConfig, AnonymizingAdapter
+
+    cfg = AAMConfig(dim=16, layers=1, heads=2, sub_tokens=4, token_width=8, erase_rank=3)
+    a = AnonymizingAdapter(cfg)
+    x = torch.randn(10, 16)
+    assert torch.equal(a(x), x)  # zero buffers: the erasure is the identity until fitted
+    with torch.no_grad():
+        a.erase.read.normal_(), a.erase.write.normal_()
+    assert not torch.allclose(a(x), x)
+    assert torch.allclose(a(x[:3]), a(x)[:3], atol=1e-6)
+    assert "erase_rank" not in AAMConfig(dim=16, sub_tokens=4).to_dict()  # old adapters keep their version hash
