@@ -84,14 +84,29 @@ def build_store(root: Path, n: int, dim: int, seed: int) -> FeatureStore:
     return store
 
 
-def make_adapter(store: FeatureStore, dim: int, seed: int, fingerprint: str = FP) -> Path:
+def adapter_config(dim: int, kind: str) -> AAMConfig:
+    """'default': what `aam_model` trains by default (assets.aam.AAMTrainingConfig); 'attention': the
+    sub-token attention adapter (3 layers, 8 heads, 8 sub-tokens of width 64), the earlier default."""
+    if kind == "attention":
+        return AAMConfig(dim=dim)
+    from assets.aam import AAMTrainingConfig
+
+    c = AAMTrainingConfig()
+    fields = c.adapter_fields()
+    fields.setdefault("erase_rank", int(round(c.erase_fraction * dim)))
+    return AAMConfig(dim=dim, **fields)
+
+
+def make_adapter(store: FeatureStore, dim: int, seed: int, fingerprint: str = FP, kind: str = "default") -> Path:
     torch.manual_seed(seed)
-    cfg = AAMConfig(dim=dim)  # the default adapter: 3 layers, 8 heads, 8 sub-tokens of width 64
+    cfg = adapter_config(dim, kind)
     adapter = AnonymizingAdapter(cfg)
-    with torch.no_grad():  # "trained-looking": the zero-initialised projections get random weights
+    with torch.no_grad():  # "trained-looking": the zero-initialised projections and the erasure get random values
         for name, p in adapter.named_parameters():
             if name.endswith("proj.weight") or name.startswith("out."):
                 p.normal_(0, 0.05)
+        if adapter.erase is not None:
+            adapter.erase.read.normal_(0, 0.05), adapter.erase.write.normal_(0, 0.05)
     tmp = store.root / "aam" / "tmp-bench"
     version = save_adapter(adapter, cfg, tmp, fingerprint)
     final = store.root / "aam" / version
@@ -171,6 +186,8 @@ def main(argv=None):
     ap.add_argument("--query-runs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--adapter", default="default", choices=["default", "attention"],
+                    help="default: the adapter aam_model trains by default; attention: the sub-token attention adapter")
     ap.add_argument("--work", help="folder for the synthetic store (default: a new temp folder, removed at the end)")
     ap.add_argument("--keep", action="store_true", help="keep the synthetic store")
     args = ap.parse_args(argv)
@@ -192,7 +209,7 @@ def main(argv=None):
 def run(args, root: Path) -> dict:
     t0 = time.perf_counter()
     store = build_store(root, args.clips, args.dim, args.seed)
-    adapter_dir = make_adapter(store, args.dim, args.seed)
+    adapter_dir = make_adapter(store, args.dim, args.seed, kind=args.adapter)
     version = json.loads((adapter_dir / "adapter.json").read_text())["version"]
     setup_s = time.perf_counter() - t0
 
@@ -262,8 +279,8 @@ def run(args, root: Path) -> dict:
 
     return {
         "benchmark": "publish", "clips": args.clips, "dim": args.dim,
-        "adapter": {**AAMConfig(dim=args.dim).to_dict(), "version": version,
-                    "parameters": sum(p.numel() for p in AnonymizingAdapter(AAMConfig(dim=args.dim)).parameters()),
+        "adapter": {"kind": args.adapter, **adapter_config(args.dim, args.adapter).to_dict(), "version": version,
+                    "parameters": sum(p.numel() for p in AnonymizingAdapter(adapter_config(args.dim, args.adapter)).parameters()),
                     "chunk_rows": pub.CHUNK_ROWS},
         "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "machine": platform.machine(),
         "duckdb": duckdb.__version__, "pyarrow": pa.__version__, "setup_s": round(setup_s, 2),

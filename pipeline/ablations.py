@@ -7,8 +7,10 @@ the privacy-utility report schema.
     ablation_report    collects every variant row into <root>/reports/ablations.json (+ .md, .png)
     job `ablations`    both; `run_ablations()` runs them in-process (the `splavu ablations` command)
 
-Variants: losses (loss_all, loss_no_lt = no utility task, loss_no_lb = w_b 0, loss_no_llc = w_lc 0),
-tasks seen in training (tasks_ar, tasks_tad, tasks_ad, tasks_all) and the w_lc sweep (wlc_0 .. wlc_1000),
+Variants: losses (loss_all, loss_no_lt = no utility task, loss_no_lb = no privacy loss and no erasure,
+loss_no_llc = w_lc 0), tasks seen in training (tasks_ar, tasks_tad, tasks_ad, tasks_all), the w_lc sweep
+(wlc_0 .. wlc_1000), and the privacy objectives (paper, critic, critic_static_action, erasure_only, and
+oracle: a supervised attribute adversary, the one variant given private labels, a diagnostic only),
 each a delta on the base AAM config (assets.aam.AAMTrainingConfig's defaults unless configured).
 Variants whose training config is identical (loss_all = tasks_all = wlc_<base w_lc>, loss_no_llc = wlc_0)
 train once: the result is cached per config in <root>/reports/ablations/by_config/.
@@ -29,13 +31,25 @@ from splavu_core.evaluation.suite import (RAW, TASKS, _key, _safe, _shard_state,
 from splavu_core.store import FeatureStore
 from pipeline.inprocess import quiet
 
+NO_ERASURE = {"erase_rank": 0}
 VARIANTS: dict[str, dict] = {
-    "loss_all": {}, "loss_no_lt": {"tasks": ()}, "loss_no_lb": {"w_b": 0.0}, "loss_no_llc": {"w_lc": 0.0},
+    # no privacy mechanism at all: neither the privacy loss nor the fitted erasure
+    "loss_all": {}, "loss_no_lt": {"tasks": ()}, "loss_no_lb": {"w_b": 0.0, "adapter": NO_ERASURE},
+    "loss_no_llc": {"w_lc": 0.0},
+    # privacy objectives (issue 12): the paper's, learned critics, the erasure alone, and the labelled frontier
+    "paper": {"privacy": "ntxent", "pairs": "static_static", "epochs": 60,
+              "adapter": {**NO_ERASURE, "mixer": "attention", "layers": 3}},
+    "critic": {"privacy": "critic", "pairs": "static_static", "adapter": NO_ERASURE},
+    "critic_static_action": {"privacy": "critic", "pairs": "static_action", "adapter": NO_ERASURE},
+    "erasure_only": {"w_b": 0.0},
+    "oracle": {"oracle": True},
     "tasks_ar": {"tasks": ("ar",)}, "tasks_tad": {"tasks": ("tad",)}, "tasks_ad": {"tasks": ("ad",)},
     "tasks_all": {"tasks": ("ar", "tad", "ad")},
     **{f"wlc_{w}": {"w_lc": float(w)} for w in (0, 1, 10, 100, 1000)},
 }
 GROUPS: dict[str, list[str]] = {
+    "Privacy objective (label-free default vs the paper's; oracle = labelled diagnostic, never publishable)": [
+        "loss_all", "paper", "critic", "critic_static_action", "erasure_only", "oracle"],
     "Losses (paper Tab. 5)": ["loss_all", "loss_no_lt", "loss_no_lb", "loss_no_llc"],
     "Tasks seen in training (paper Tab. 4)": ["tasks_ar", "tasks_tad", "tasks_ad", "tasks_all"],
     "ω_LC sweep (paper Tab. 9)": [f"wlc_{w}" for w in (0, 1, 10, 100, 1000)],
@@ -52,7 +66,10 @@ class AblationConfig(AAMTrainingConfig, ProbeSettings):
         if variant not in VARIANTS:
             raise ValueError(f"unknown ablation variant {variant!r}; choose from {list(VARIANTS)}")
         base = dataclasses.replace(self.train_config(), pretrain_head_epochs=self.pretrain_head_epochs)
-        return dataclasses.replace(base, **VARIANTS[variant])
+        delta = dict(VARIANTS[variant])
+        if "adapter" in delta:  # a delta on the adapter's fields, not a replacement of all of them
+            delta["adapter"] = {**base.adapter, **delta["adapter"]}
+        return dataclasses.replace(base, **delta)
 
 
 # ---------------------------------------------------------------- library side (no dagster context needed)
@@ -99,7 +116,7 @@ def raw_baseline(fs: FeatureStore, config: AblationConfig, raw=None, log=None) -
 def run_variant(fs: FeatureStore, variant: str, config: AblationConfig, log=None) -> dict:
     """Train the variant's AAM, anonymize the evaluation sets in memory, evaluate; write and return its record."""
     from splavu_core.aam.io import adapter_version
-    from splavu_core.aam.train import load_training_data, train_aam
+    from splavu_core.aam.train import load_oracle_labels, load_training_data, train_aam
 
     cfg = config.variant_train_config(variant)
     datasets = config.datasets()
@@ -114,6 +131,8 @@ def run_variant(fs: FeatureStore, variant: str, config: AblationConfig, log=None
     else:
         t0 = time.perf_counter()
         data = load_training_data(fs, config.ar_dataset, config.tad_dataset, config.ad_dataset)
+        if cfg.oracle:  # the labelled diagnostic: the one place training is given private-attribute labels
+            data = load_oracle_labels(fs, data)
         adapter, acfg, summary = train_aam(data, cfg, log=log)
         version = adapter_version(adapter, acfg, fs.encoder_fingerprint())
         anon = {ds: anonymize_videos(adapter, videos) for ds, videos in raw.items()}
@@ -122,6 +141,7 @@ def run_variant(fs: FeatureStore, variant: str, config: AblationConfig, log=None
         rec = {"name": variant, "key": key, "raw_key": raw_key, "aam_version": version, "train_config": train_cfg,
                "adapter_config": acfg.to_dict(), "selected_epoch": summary["selected_epoch"],
                "final_losses": summary["final"], "train_seconds": summary["seconds"],
+               "pair_matching": summary.get("diagnostics"),
                "seconds": round(time.perf_counter() - t0, 2), "metric_rows": _jsonable_rows(rows),
                "skipped": rows.skipped, "reused": False}
         fs.fs.write_json(by_config, rec)
