@@ -502,6 +502,8 @@ def passes_privacy_budget(store: FeatureStore, version: str, threshold: float | 
     if threshold is None:
         threshold = float(os.environ.get(PRIVACY_BUDGET_ENV, DEFAULT_PRIVACY_BUDGET))
     try:
-        return budget_verdict(privacy_budget_measure(store, version), threshold)
+        from ..roles import task_datasets  # the dataset registered with role privacy
+
+        return budget_verdict(privacy_budget_measure(store, version, task_datasets(store)["privacy"]), threshold)
     except Exception as e:
         return False, f"leakage of version {version} could not be measured ({e}); not promoted"
