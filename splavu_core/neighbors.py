@@ -6,6 +6,7 @@ published (`write_index`, called after publishing and by the feature_catalog ass
 
     <catalog dir>/neighbors/<version>/      (the store root for a local store; catalog.catalog_dir)
         features.npy   (N, D) float32, rows L2-normalised: the version's PUBLISHED anonymized features only
+        id_hash.npy    (N,)   uint64 hash of each row's video_id (finding a video's rows)
         norms.npy      (N,)   the rows' norms (the query is the mean of a video's un-normalised clips)
         proj.npy       (N, R) the rows in the basis of their top-R singular vectors
         resid.npy      (N,)   the norm of what that basis leaves out of each row
@@ -23,6 +24,7 @@ An index goes with its version: `prune_indexes` deletes the index of a version w
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -41,6 +43,7 @@ from .store import FeatureStore, StoreError
 
 RANK = 16          # projection width: the only part scanned in full (N x 16 float32)
 FIRST_EXACT = 256  # rows scored exactly to set the pruning threshold
+ARRAYS = ("features", "norms", "proj", "resid", "basis", "id_hash")
 
 
 class NeighborsError(StoreError):
@@ -70,7 +73,13 @@ def _arrays(table: pa.Table, rank: int) -> dict[str, np.ndarray]:
     basis = np.ascontiguousarray(vecs[:, ::-1][:, :min(rank, unit.shape[1])], np.float32)
     proj = unit @ basis
     resid = np.sqrt(np.maximum(1.0 - (proj.astype(np.float64) ** 2).sum(1), 0.0)).astype(np.float32)
-    return {"features": unit, "norms": norms, "proj": np.ascontiguousarray(proj), "resid": resid, "basis": basis}
+    return {"features": unit, "norms": norms, "proj": np.ascontiguousarray(proj), "resid": resid, "basis": basis,
+            "id_hash": _hashes(table["video_id"].to_pylist())}
+
+
+def _hashes(video_ids) -> np.ndarray:
+    """uint64 per id: finding a video's rows is one integer comparison over N, not N string comparisons."""
+    return np.frombuffer(b"".join(hashlib.blake2b(v.encode(), digest_size=8).digest() for v in video_ids), np.uint64)
 
 
 def _ids(table: pa.Table) -> pa.Table:
@@ -154,6 +163,7 @@ class Index:
     proj: np.ndarray
     resid: np.ndarray
     basis: np.ndarray
+    id_hash: np.ndarray
     ids: pa.Table
     from_index: bool           # False: built in memory from Parquet (no index written yet, or stale)
 
@@ -161,17 +171,19 @@ class Index:
     def open(cls, store: FeatureStore, version: str) -> "Index":
         d = index_dir(store, version)
         if _fresh(store, version):
-            arrays = {n: np.load(d / f"{n}.npy", mmap_mode="r") for n in ("features", "norms", "proj", "resid", "basis")}
+            arrays = {n: np.load(d / f"{n}.npy", mmap_mode="r") for n in ARRAYS}
             ids = pa.ipc.open_file(pa.memory_map(str(d / "ids.arrow"))).read_all()
             return cls(version=version, ids=ids, from_index=True, **arrays)
         table, _ = _read_version(store, version)
         return cls(version=version, ids=_ids(table), from_index=False, **_arrays(table, RANK))
 
     def rows_of(self, video_id: str, dataset: str | None) -> np.ndarray:
-        mask = pc.equal(self.ids["video_id"], video_id)
+        rows = np.flatnonzero(self.id_hash == _hashes([video_id])[0])
+        ids = self.ids.take(pa.array(rows, pa.int64()))  # a hash collision is checked here
+        keep = pc.equal(ids["video_id"], video_id)
         if dataset:
-            mask = pc.and_(mask, pc.equal(self.ids["dataset"], dataset))
-        return np.flatnonzero(mask.to_numpy(zero_copy_only=False))
+            keep = pc.and_(keep, pc.equal(ids["dataset"], dataset))
+        return rows[keep.to_numpy(zero_copy_only=False)]
 
     def search(self, q: np.ndarray, k: int, exclude: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Exact top-k rows by cosine with q, leaving out `exclude`; (rows, similarities), best first."""
@@ -186,7 +198,7 @@ class Index:
         if k <= 0:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
         m = max(FIRST_EXACT, 4 * k)
-        first = np.argpartition(-ub, m - 1)[:m] if m < n else np.arange(n)
+        first = np.argpartition(ub, n - m)[n - m:] if m < n else np.arange(n)
         first = np.sort(first[np.isfinite(ub[first])])
         exact = self.features[first] @ q
         t = np.partition(exact, len(exact) - k)[len(exact) - k] - 1e-6  # float slack: never prune a tie
@@ -248,7 +260,7 @@ def version_status(store: FeatureStore) -> list[str]:
     """One phrase per recorded version: shards published, current or why not."""
     from .registry import registered
 
-    all_shards = {s for reg in registered(store).values() for s in reg["shards"]}
+    all_shards = {s for reg in registered(store).values() for s in reg["shards"]} | set(store.committed_shards())
     out = []
     for r in sorted(read_versions(store).to_pylist(), key=lambda r: r["created_at"], reverse=True):
         v = r["version"]

@@ -87,9 +87,9 @@ def test_search_is_exact_where_the_bound_prunes_little(kind):
     x = rng.standard_normal((n, d)).astype(np.float32)
     if kind == "clustered":
         x = x * 0.2 + rng.standard_normal((50, d)).astype(np.float32)[rng.integers(0, 50, n)]
-    t = pa.table({"feature": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), d)})
-    index = nn.Index(version="v", ids=pa.table({"video_id": [str(i) for i in range(n)]}), from_index=True,
-                     **nn._arrays(t, nn.RANK))
+    t = pa.table({"feature": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), d),
+                  "video_id": [str(i) for i in range(n)]})
+    index = nn.Index(version="v", ids=t.select(["video_id"]), from_index=True, **nn._arrays(t, nn.RANK))
     for i in (0, 17, 4242):
         rows, sims = index.search(x[i], 10, np.array([i]))
         full = index.features @ (x[i] / np.linalg.norm(x[i]))
