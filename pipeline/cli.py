@@ -250,6 +250,7 @@ def cmd_demo(args) -> int:
           f"{sum(r['quarantined'] for r in rows)} quarantined "
           f"[{time.perf_counter() - t0:.0f} s]")
     print("\n3/6 training the anonymizing adapter from cached latents")
+    print(f"  {_training_preflight(store.store(), DEMO_AAM)}")
     _train_aam(store, DEMO_AAM)
     print(f"\n4/6 publishing anonymized feature tables and the DuckDB catalog [{time.perf_counter() - t0:.0f} s]")
     cmd_publish(argparse.Namespace(store=store.root, version=None))

@@ -208,7 +208,7 @@ def training_plan(store, tasks=None, overrides: dict[str, str] | None = None, se
             t = lacking[0]
             usable = ",".join(x for x in chosen if x in datasets) or "''"
             raise RoleError(f"task {t!r} has no labelled data ({missing[t]}): register a dataset with "
-                            f"`splavu ingest NAME MANIFEST --roles {t}` (column {ROLES[t].needs}), or train "
+                            f"`splavu ingest NAME MANIFEST --roles {t}` (its manifest needs {ROLES[t].needs}), or train "
                             f"without it: --tasks {usable}")
     if not selection:
         selection = "val_ar" if "ar" in datasets and _has_val(regs[datasets["ar"]]) else "last"
