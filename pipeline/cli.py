@@ -133,21 +133,16 @@ def cmd_train(args) -> int:
 def _training_preflight(fs, cfg: dict) -> str:
     """What training will use, checked before a Dagster run starts (so a missing task is one line, not a
     failed run): the one-line plan, or RoleError / StoreError saying what to do."""
+    from splavu_core.registry import registration
     from splavu_core.roles import training_plan
 
     plan = training_plan(fs, cfg.get("tasks"), {t: cfg.get(f"{t}_dataset", "") for t in ("ar", "tad", "ad")},
                          cfg.get("selection", ""))
-    regs_shards = {s for d in plan.datasets.values() if d for s in _shards_of(fs, d)}
-    missing = sorted(s for s in regs_shards if fs.committed(s) is None)
+    shards = {s for d in plan.datasets.values() if d for s in registration(fs, d)["shards"]}
+    missing = sorted(s for s in shards if fs.committed(s) is None)
     if missing:
         raise StoreError(f"no latents yet for shard(s) {missing}: run `splavu extract` first")
     return plan.summary()
-
-
-def _shards_of(fs, dataset: str) -> list[str]:
-    from splavu_core.registry import registration
-
-    return registration(fs, dataset)["shards"]
 
 
 def cmd_publish(args) -> int:
