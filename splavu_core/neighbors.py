@@ -12,7 +12,7 @@ published (`write_index`, called after publishing and by the feature_catalog ass
         resid.npy      (N,)   the norm of what that basis leaves out of each row
         basis.npy      (D, R)
         ids.arrow      dataset, video_id, clip_index, split (Arrow IPC, memory-mapped)
-        index.json     the shards and row counts it was built from; it is used only while they match
+        index.json     the shards (and their tables' sizes) it was built from; used only while they match
 
 The search is exact. With q = B b + q_r, a row's score is x·q = p·b + x_r·q_r and |x_r·q_r| <= |x_r| |q_r|,
 so ub = p·b + resid |q_r| bounds every score while scanning only the (N, R) projection. The rows with
@@ -56,10 +56,10 @@ def index_dir(store: FeatureStore, version: str) -> Path:
     return catalog_dir(store) / "neighbors" / version
 
 
-def _shard_rows(store: FeatureStore, version: str) -> dict[str, int]:
-    from .publish import published_rows
-
-    return {s: published_rows(store, version, s) for s in sorted(published_shards(store, version))}
+def _shard_files(store: FeatureStore, version: str) -> dict[str, int]:
+    """shard -> byte size of its table: one listing, so checking an index's freshness reads no footer."""
+    return {key.rsplit("/", 1)[-1][:-len(".parquet")]: size for key, size in sorted(store.fs.walk(anonymized_key(version)))
+            if key.endswith(".parquet") and key.count("/") == 2 and not key.rsplit("/", 1)[-1].startswith(".")}
 
 
 # ---------------------------------------------------------------- writing
@@ -87,8 +87,8 @@ def _ids(table: pa.Table) -> pa.Table:
 
 
 def _read_version(store: FeatureStore, version: str) -> tuple[pa.Table, dict[str, int]]:
-    """The version's published rows (with a `dataset` column) and the row count of each shard."""
-    rows = _shard_rows(store, version)
+    """The version's published rows (with a `dataset` column) and the size of each shard's table."""
+    rows = _shard_files(store, version)
     if not rows:
         raise NeighborsError(f"AAM version {version} has no published tables: run `splavu publish --version {version}`")
     parts = []
@@ -150,7 +150,7 @@ def _fresh(store: FeatureStore, version: str) -> bool:
         meta = json.loads((index_dir(store, version) / "index.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return False
-    return meta.get("shards") == _shard_rows(store, version)
+    return meta.get("shards") == _shard_files(store, version)
 
 
 # ---------------------------------------------------------------- searching
