@@ -1,9 +1,9 @@
 """`splavu`: the project's command line.
 
     splavu synth --scale demo --seed 0 --out data/synth     write the synthetic benchmark
-    splavu ingest NAME MANIFEST [--shard-size N]            register a dataset, add its shards
+    splavu ingest NAME MANIFEST [--roles ar,privacy]        register a dataset and the tasks it serves
     splavu extract [--dataset NAME ...]                     materialise latents of every shard
-    splavu train [--config JSON]                            train an AAM from cached latents
+    splavu train [--tasks ar,tad] [--config JSON]           train an AAM from cached latents
     splavu publish [--version V]                            anonymized tables + DuckDB catalog
     splavu evaluate                                         privacy-utility report (raw vs anonymized)
     splavu ablations                                        the paper's ablations on the same latents

@@ -8,7 +8,7 @@ import pytest
 from pipeline.resources import StoreResource
 from pipeline.sensors import inbox_sensor
 from splavu_core.registry import register_dataset, registered
-from splavu_core.roles import RoleError, parse_roles, task_datasets, training_plan
+from splavu_core.roles import RoleError, describe_registration, parse_roles, task_datasets, training_plan
 from splavu_core.store import FeatureStore
 
 
@@ -22,6 +22,8 @@ def test_roles_are_recorded_and_default_to_the_demo_names(tiny_bench, tmp_path):
     assert (regs["ar"]["roles"], regs["ar"]["static_clips"]) == (["ar"], True)
     assert (regs["faces"]["roles"], regs["faces"]["static_clips"]) == (["privacy"], False)
     assert regs["walks"]["roles"] == []
+    assert describe_registration(regs["walks"]).startswith("roles: none, so no task reads it; its columns could "
+                                                           "serve ar, gait: re-run with --roles ar,gait")
     found = task_datasets(store)
     assert found["ar"] == "ar" and found["privacy"] == "faces" and found["gait"] == "(no dataset with role gait)"
     register_dataset(store, "more_faces", bench / "privacy" / "manifest.csv", roles="privacy")
