@@ -1,6 +1,7 @@
 """aam_model: the Anonymizing Adapter Module, trained from cached latents only."""
 
 import base64
+import dataclasses
 import io
 import json
 
@@ -11,15 +12,17 @@ from pipeline.resources import StoreResource
 from splavu_core import costs
 from splavu_core.aam.io import adapter_version, save_adapter
 from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
+from splavu_core.roles import training_plan
 
 
 class AAMTrainingConfig(dg.Config):
     """SPLAVU objective weights and optimisation; defaults from DESIGN.md scaled to the demo."""
 
-    tasks: list[str] = Field(default=["ar", "tad", "ad"], description="utility tasks co-trained (any subset)")
-    ar_dataset: str = "ar"
-    tad_dataset: str = "tad"
-    ad_dataset: str = "ad"
+    tasks: list[str] | None = Field(default=None, description="utility tasks co-trained (any subset of ar, tad, "
+                                    "ad); default: every task whose labelled data is registered")
+    ar_dataset: str = Field(default="", description="default: the dataset registered with role ar (roles.py)")
+    tad_dataset: str = ""
+    ad_dataset: str = ""
     w_lc: float = 1.0          # LC is variance-normalised; the paper's 100 was tied to its feature scale
     w_ar: float = 1.0
     w_tad: float = 1.0
@@ -39,7 +42,7 @@ class AAMTrainingConfig(dg.Config):
                                   "appearance directions before the residual blocks (0 = none)")
     erase_rank: int | None = Field(default=None, description="exact erasure rank (overrides erase_fraction)")
     seed: int = 0
-    selection: str = "val_ar"
+    selection: str = Field(default="", description="val_ar or last; default: val_ar when AR has val videos")
     privacy: str = Field(default="critic", description="'critic' (learned critic) or 'ntxent' (the paper's objective)")
     pairs: str = Field(default="both", description="static_static | static_action | both")
     critic_steps: int = 2
@@ -49,10 +52,13 @@ class AAMTrainingConfig(dg.Config):
     heldout_fraction: float = 0.2
     diagnose_steps: int = Field(default=300, description="steps of each fresh diagnostic critic (pair matching)")
 
+    def train_datasets(self) -> dict[str, str]:
+        return {"ar": self.ar_dataset, "tad": self.tad_dataset, "ad": self.ad_dataset}
+
     def train_config(self) -> TrainConfig:
-        return TrainConfig(tasks=tuple(self.tasks), w_lc=self.w_lc, w_ar=self.w_ar, w_tad=self.w_tad, w_ad=self.w_ad,
+        return TrainConfig(tasks=tuple(self.tasks or ()), w_lc=self.w_lc, w_ar=self.w_ar, w_tad=self.w_tad, w_ad=self.w_ad,
                            w_b=self.w_b, temperature=self.temperature, lr=self.lr, epochs=self.epochs,
-                           batch=self.batch, seed=self.seed, selection=self.selection, privacy=self.privacy,
+                           batch=self.batch, seed=self.seed, selection=self.selection or "val_ar", privacy=self.privacy,
                            pairs=self.pairs, critic_steps=self.critic_steps, critic_hidden=self.critic_hidden,
                            erase_w_action=self.erase_w_action, erase_w_temporal=self.erase_w_temporal,
                            heldout_fraction=self.heldout_fraction, diagnose_steps=self.diagnose_steps,
@@ -127,10 +133,11 @@ def _pair_matching_panel(ax, history: list[dict], diag: dict) -> None:
           description="The AAM trained on cached clip + static latents (SPLAVU objectives). Never loads the encoder.")
 def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, store: StoreResource) -> dg.MaterializeResult:
     fs = store.store()
-    data = load_training_data(fs, config.ar_dataset if "ar" in config.tasks or config.selection == "val_ar" else None,
-                              config.tad_dataset if "tad" in config.tasks else None,
-                              config.ad_dataset if "ad" in config.tasks else None)
-    adapter, acfg, summary = train_aam(data, config.train_config(), log=context.log.info)
+    plan = training_plan(fs, config.tasks, config.train_datasets(), config.selection)  # datasets by role
+    context.log.info(plan.summary())
+    data = load_training_data(fs, plan.datasets["ar"], plan.datasets["tad"], plan.datasets["ad"])
+    train_cfg = dataclasses.replace(config.train_config(), tasks=plan.tasks, selection=plan.selection)
+    adapter, acfg, summary = train_aam(data, train_cfg, log=context.log.info)
     fingerprint = fs.encoder_fingerprint()
     version = adapter_version(adapter, acfg, fingerprint)  # content hash: same weights, same version
     final = fs.loc("aam", version)

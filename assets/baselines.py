@@ -11,9 +11,9 @@ from pydantic import Field
 
 from pipeline.resources import EncoderResource, StoreResource
 from splavu_core.baselines import extract_baseline
-from splavu_core.evaluation.suite import DEFAULT_DATASETS
 from splavu_core.pixel import BASELINES, MASK_SOURCES, PixelAnonymizer, baseline_transform
 from splavu_core.registry import registered
+from splavu_core.roles import task_datasets
 
 pixel_baselines = dg.StaticPartitionsDefinition(list(BASELINES))
 
@@ -37,7 +37,7 @@ def pixel_baseline_latents(context: dg.AssetExecutionContext, config: PixelBasel
         context.log.warning(f"skipped: {why}")
         return dg.MaterializeResult(metadata={"skipped": True, "reason": why})
     pixel = PixelAnonymizer.named(name, config.mask_source)
-    datasets = config.datasets or [d for d in dict.fromkeys(DEFAULT_DATASETS.values()) if d in registered(fs)]
+    datasets = config.datasets or [d for d in dict.fromkeys(task_datasets(fs).values()) if d in registered(fs)]
     res = extract_baseline(fs, pixel, encoder.load(), encoder.sampling(), datasets, batch_size=encoder.batch_size,
                            decode_threads=encoder.decode_threads, log=context.log.info)
     done = [s for s, how in res["shards"].items() if how == "extracted"]

@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from pipeline.resources import StoreResource
 from splavu_core.catalog import RUNS_SCHEMA, build_catalog
+from splavu_core.neighbors import refresh_indexes
 from splavu_core.store import FeatureStore
 
 TERMINAL = {"SUCCESS", "FAILURE", "CANCELED"}
@@ -44,16 +45,18 @@ def record_runs(store: FeatureStore, instance: dg.DagsterInstance, limit: int = 
 
 
 @dg.asset(deps=["anonymized_features"], group_name="publish", kinds={"duckdb"},
-          description="catalog.duckdb: views videos, clips, quarantine, anonymized_features (current AAM, FLOAT[D]), "
+          description="catalog.duckdb + each version's neighbour index (splavu_core.neighbors): views videos, clips, quarantine, anonymized_features (current AAM, FLOAT[D]), "
                       "anonymized_features_all, aam_versions, metrics, runs, storage. Open it read-only with duckdb.")
 def feature_catalog(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
     fs = store.store()
     n_runs = record_runs(fs, context.instance)
     res = build_catalog(fs)
+    nn = refresh_indexes(fs)  # `splavu neighbors` reads these, not the Parquet tables
+    context.log.info(f"neighbour indexes written for {nn['written'] or 'no'} version(s), pruned {nn['pruned'] or 'none'}")
     context.log.info(f"catalog {res['path']}: AAM version {res['version']}, {sum(res['rows'].values())} rows in "
                      f"{len(res['rows'])} views ({res['seconds']:.2f} s)")
     return dg.MaterializeResult(metadata={
         "path": dg.MetadataValue.path(res["path"]), "views": dg.MetadataValue.json(sorted(res["rows"])),
         "rows": dg.MetadataValue.json(res["rows"]), "files": dg.MetadataValue.json(res["files"]),
         "aam_version": res["version"] or "", "dim": res["dim"] or 0, "runs_recorded": n_runs,
-        "seconds": round(res["seconds"], 3)})
+        "seconds": round(res["seconds"], 3), "neighbor_indexes": dg.MetadataValue.json(nn)})

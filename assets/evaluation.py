@@ -28,6 +28,7 @@ from splavu_core.evaluation.suite import utility_retention as retention_per_metr
 from pipeline.inprocess import quiet
 from splavu_core import costs
 from splavu_core.baselines import eval_shards, existing_baselines, stale_shards
+from splavu_core.roles import task_datasets
 
 ANONYMIZED = dg.AssetKey("anonymized_features")
 CLIP_LATENTS = dg.AssetKey("clip_latents")
@@ -41,21 +42,25 @@ DEFAULT_UTILITY_RETENTION = 0.97
 class ProbeSettings(dg.Config):
     """Which dataset serves each task and how long each fresh probe trains (defaults: DESIGN.md section 4)."""
 
-    ar_dataset: str = DEFAULT_DATASETS["ar"]
-    tad_dataset: str = DEFAULT_DATASETS["tad"]
-    ad_dataset: str = DEFAULT_DATASETS["ad"]
-    privacy_dataset: str = DEFAULT_DATASETS["privacy"]
-    clip_privacy_dataset: str = DEFAULT_DATASETS["clip_privacy"]  # action clips attacked (needs attr_* labels)
-    bias_f_dataset: str = DEFAULT_DATASETS["bias_f"]
-    bias_m_dataset: str = DEFAULT_DATASETS["bias_m"]
-    gait_dataset: str = DEFAULT_DATASETS["gait"]
+    # "" = the dataset registered with that role (splavu_core.roles; the demo's names by default)
+    ar_dataset: str = ""
+    tad_dataset: str = ""
+    ad_dataset: str = ""
+    privacy_dataset: str = ""
+    clip_privacy_dataset: str = ""  # action clips attacked (needs attr_* labels); "" = the AR dataset
+    bias_f_dataset: str = ""
+    bias_m_dataset: str = ""
+    gait_dataset: str = ""
     ar_epochs: int = 60
     tad_epochs: int = 20
     ad_epochs: int = 50
     privacy_epochs: int = 100
 
-    def datasets(self) -> dict[str, str]:
-        return {t: getattr(self, f"{t}_dataset") for t in DEFAULT_DATASETS}
+    def datasets(self, store=None) -> dict[str, str]:
+        given = {t: getattr(self, f"{t}_dataset") for t in DEFAULT_DATASETS}
+        if store is None:
+            return {t: d or DEFAULT_DATASETS[t] for t, d in given.items()}
+        return task_datasets(store, given)
 
     def probe_kwargs(self, seed: int | None = None) -> dict[str, dict]:
         extra = {} if seed is None else {"seed": seed}
@@ -85,7 +90,7 @@ def evaluate_tasks(context, store: StoreResource, config: EvalConfig, tasks: tup
     """Score `tasks` on raw and on the anonymized features of the (current) version; write the metric rows."""
     fs = store.store()
     version = _version(fs, config.aam_version)
-    datasets, kw = config.datasets(), config.probe_kwargs(config.seed)
+    datasets, kw = config.datasets(fs), config.probe_kwargs(config.seed)
     raw = load_feature_sets(fs, tasks, "raw", datasets=datasets)
     anon = load_feature_sets(fs, tasks, "anonymized", version=version, datasets=datasets)
     log = context.log.info
@@ -190,7 +195,7 @@ def privacy_utility_report(context: dg.AssetExecutionContext, config: ReportConf
         else:
             context.log.warning(f"{name}: its store has latents but no metric rows: materialise the *_eval assets")
     report = build_report(fs.encoder_fingerprint(), version, raw_rows, variants)
-    report["costs"] = costs.compare(fs, version, eval_shards(fs, DEFAULT_DATASETS.values()),
+    report["costs"] = costs.compare(fs, version, eval_shards(fs, task_datasets(fs).values()),
                                     {n: baselines[n] for n in variants if n in baselines})
     paths = write_privacy_utility_report(fs, report)
     png = paths["png"].read_bytes()
@@ -210,10 +215,10 @@ class PrivacyBudgetConfig(dg.Config):
     threshold: float | None = Field(default=None, description=f"share of above-chance leakage that must be removed "
                                     f"(default ${PRIVACY_BUDGET_ENV} or {DEFAULT_PRIVACY_BUDGET})")
     aam_version: str = Field(default="", description="version to gate (default: the newest recorded, else current)")
-    dataset: str = DEFAULT_DATASETS["privacy"]
-    clip_dataset: str = Field(default=DEFAULT_DATASETS["clip_privacy"],
-                              description="action clips also attacked (train actors -> test actors) when they carry "
-                                          "attr_* labels; the gate takes the weaker removal ('' = close-ups only)")
+    dataset: str = Field(default="", description="default: the dataset registered with role privacy")
+    clip_dataset: str = Field(default="", description="action clips also attacked (train actors -> test actors) when "
+                              "they carry attr_* labels; the gate takes the weaker removal. Default: the AR dataset; "
+                              "'none' = close-ups only")
     epochs: int = 100
 
     def resolved_threshold(self) -> float:
@@ -248,8 +253,10 @@ def privacy_budget(context: dg.AssetCheckExecutionContext, config: PrivacyBudget
         return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.ERROR,
                                    description=f"no AAM version recorded in {fs.root}", metadata={"threshold": threshold})
     try:
-        m = privacy_budget_measure(fs, version, dataset=config.dataset, probe_kwargs={"epochs": config.epochs},
-                                   clip_dataset=config.clip_dataset or None)
+        roles = task_datasets(fs)
+        clips = None if config.clip_dataset == "none" else config.clip_dataset or roles["clip_privacy"]
+        m = privacy_budget_measure(fs, version, dataset=config.dataset or roles["privacy"],
+                                   probe_kwargs={"epochs": config.epochs}, clip_dataset=clips)
     except Exception as e:  # cannot measure -> cannot vouch for the table: fail closed
         return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.ERROR,
                                    description=f"leakage of version {version} could not be measured: {e}",

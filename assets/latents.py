@@ -7,7 +7,7 @@ from pipeline.partitions import shards
 from pipeline.resources import EncoderResource, StoreResource
 from splavu_core import costs
 from splavu_core.extract import extract_shard, manifest_hash
-from splavu_core.registry import dataset_of, shard_rows
+from splavu_core.registry import dataset_of, registration, shard_rows, static_clips
 
 
 @dg.multi_asset(
@@ -39,10 +39,13 @@ def extracted_latents(context: dg.AssetExecutionContext, store: StoreResource, e
                 context.log.info(f"{shard}: {n}/{len(rows)} videos")
 
         data = extract_shard(shard, rows, manifest.root, enc, sampling, batch_size=encoder.batch_size,
-                             decode_threads=encoder.decode_threads, static_splits=encoder.static_splits_for(dataset_of(shard)),
+                             decode_threads=encoder.decode_threads, static_splits=encoder.static_splits_for(
+                                 dataset_of(shard), static_clips(registration(fs, dataset_of(shard)))),
                              log=context.log.warning, progress=progress)
         marker, skipped = fs.write_shard(shard, data, prov, mhash), False
     secs = time.perf_counter() - t0
+    n_static = 0 if skipped else int(data.static.shape[0] * data.static.shape[1])
+    encoded = marker["clips"] + n_static  # throughput counts every clip through the encoder
     if not skipped:  # the cost ledger: what producing features from these videos took
         costs.record(fs, "raw", "extract", shard, secs, videos=marker["videos"], clips=marker["clips"])
     common = {"encoder_fingerprint": prov["encoder_fingerprint"], "skipped": skipped,
@@ -50,6 +53,7 @@ def extracted_latents(context: dg.AssetExecutionContext, store: StoreResource, e
     yield dg.MaterializeResult(asset_key="clip_latents", metadata={
         **common, "clips": marker["clips"], "videos": marker["videos"], "dim": marker["dim"],
         "quarantined": marker["quarantined"],
-        "clips_per_s": round(marker["clips"] / secs, 1) if not skipped and secs > 0 else 0.0})
+        "clips_per_s": round(encoded / secs, 1) if not skipped and secs > 0 else 0.0})
     yield dg.MaterializeResult(asset_key="static_latents", metadata={
-        **common, "static_videos": marker["static_videos"], "static_k": sampling.static_k})
+        **common, "static_videos": marker["static_videos"], "static_k": sampling.static_k,
+        "static_clips": n_static})

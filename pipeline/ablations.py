@@ -28,6 +28,7 @@ from splavu_core.evaluation.report import ablation_markdown, write_ablation_repo
 from splavu_core.evaluation.suite import (RAW, TASKS, _key, _safe, _shard_state,
                                           add_derived, anonymize_videos, build_report,
                                           evaluate_feature_set, load_feature_sets, report_row)
+from splavu_core.roles import training_plan
 from splavu_core.store import FeatureStore
 from pipeline.inprocess import quiet
 
@@ -62,10 +63,13 @@ class AblationConfig(AAMTrainingConfig, ProbeSettings):
 
     pretrain_head_epochs: int = 30
 
-    def variant_train_config(self, variant: str):
+    def variant_train_config(self, variant: str, tasks=("ar", "tad", "ad"), selection: str = "val_ar"):
+        """tasks / selection: the base's when the config leaves them open (roles.training_plan's choice)."""
         if variant not in VARIANTS:
             raise ValueError(f"unknown ablation variant {variant!r}; choose from {list(VARIANTS)}")
-        base = dataclasses.replace(self.train_config(), pretrain_head_epochs=self.pretrain_head_epochs)
+        base = dataclasses.replace(self.train_config(), pretrain_head_epochs=self.pretrain_head_epochs,
+                                   tasks=tuple(self.tasks if self.tasks is not None else tasks),
+                                   selection=self.selection or selection)
         delta = dict(VARIANTS[variant])
         if "adapter" in delta:  # a delta on the adapter's fields, not a replacement of all of them
             delta["adapter"] = {**base.adapter, **delta["adapter"]}
@@ -101,7 +105,7 @@ def _eval_shards(fs: FeatureStore, datasets: dict[str, str]) -> list:
 
 def raw_baseline(fs: FeatureStore, config: AblationConfig, raw=None, log=None) -> tuple[list[dict], str]:
     """The raw latents' metric rows under these probe settings, cached; returns (rows, key)."""
-    datasets, kw = config.datasets(), config.probe_kwargs()
+    datasets, kw = config.datasets(fs), config.probe_kwargs()
     key = _key({"probe": kw, "datasets": datasets, "shards": _eval_shards(fs, datasets),
                 "fingerprint": fs.encoder_fingerprint()})
     path = f"{ABLATIONS}/raw/{key}.json"
@@ -118,19 +122,21 @@ def run_variant(fs: FeatureStore, variant: str, config: AblationConfig, log=None
     from splavu_core.aam.io import adapter_version
     from splavu_core.aam.train import load_oracle_labels, load_training_data, train_aam
 
-    cfg = config.variant_train_config(variant)
-    datasets = config.datasets()
+    plan = training_plan(fs, config.tasks, config.train_datasets(), config.selection)
+    cfg = config.variant_train_config(variant, plan.tasks, plan.selection)
+    train_datasets = [plan.available.get(t) for t in ("ar", "tad", "ad")]
+    datasets = config.datasets(fs)
     raw = load_feature_sets(fs, TASKS, "raw", datasets=datasets)
     raw_rows, raw_key = raw_baseline(fs, config, raw=raw, log=log)
     train_cfg = dataclasses.asdict(cfg)
-    key = _key({"train": train_cfg, "train_datasets": [config.ar_dataset, config.tad_dataset, config.ad_dataset],
+    key = _key({"train": train_cfg, "train_datasets": train_datasets,
                 "raw_key": raw_key})
     by_config = f"{ABLATIONS}/by_config/{key}.json"
     if (hit := _read_record(fs, by_config)) is not None:
         rec = {**hit, "name": variant, "reused": True}
     else:
         t0 = time.perf_counter()
-        data = load_training_data(fs, config.ar_dataset, config.tad_dataset, config.ad_dataset)
+        data = load_training_data(fs, *train_datasets)
         if cfg.oracle:  # the labelled diagnostic: the one place training is given private-attribute labels
             data = load_oracle_labels(fs, data)
         adapter, acfg, summary = train_aam(data, cfg, log=log)

@@ -1,9 +1,9 @@
 """`splavu`: the project's command line.
 
     splavu synth --scale demo --seed 0 --out data/synth     write the synthetic benchmark
-    splavu ingest NAME MANIFEST [--shard-size N]            register a dataset, add its shards
+    splavu ingest NAME MANIFEST [--roles ar,privacy]        register a dataset and the tasks it serves
     splavu extract [--dataset NAME ...]                     materialise latents of every shard
-    splavu train [--config JSON]                            train an AAM from cached latents
+    splavu train [--tasks ar,tad] [--config JSON]           train an AAM from cached latents
     splavu publish [--version V]                            anonymized tables + DuckDB catalog
     splavu evaluate                                         privacy-utility report (raw vs anonymized)
     splavu ablations                                        the paper's ablations on the same latents
@@ -52,8 +52,13 @@ def cmd_ingest(args) -> int:
     from pipeline.resources import StoreResource
     from pipeline.runner import ingest, instance
 
-    keys = ingest(instance(), StoreResource(root=_store_root(args)), args.name, args.manifest, args.shard_size)
+    from splavu_core.registry import registration
+    from splavu_core.roles import describe_registration
+
+    store = StoreResource(root=_store_root(args))
+    keys = ingest(instance(), store, args.name, args.manifest, args.shard_size, roles=args.roles)
     print(f"{args.name}: {len(keys)} shard(s): {' '.join(keys)}")
+    print(f"  {describe_registration(registration(store.store(), args.name))}")
     return 0
 
 
@@ -65,14 +70,15 @@ def _extract(store, encoder, keys, quiet=False) -> list[dict]:
         res = materialize_shard(inst, k, store, encoder)
         md = {m.asset_key.to_user_string(): m.metadata for m in res.asset_materializations_for_node("extracted_latents")}
         clip = md["clip_latents"]
-        row = {"shard": k, "videos": clip["videos"].value, "clips": clip["clips"].value,
+        static = md["static_latents"]["static_clips"].value if "static_clips" in md["static_latents"] else 0
+        row = {"shard": k, "videos": clip["videos"].value, "clips": clip["clips"].value, "static_clips": static,
                "quarantined": clip["quarantined"].value, "clips_per_s": clip["clips_per_s"].value,
                "skipped": clip["skipped"].value}
         rows.append(row)
-        if not quiet:
+        if not quiet:  # clips/s counts every clip encoded, static ones included
             speed = "(already extracted)" if row["skipped"] else f"{row['clips_per_s']:.0f} clips/s"
-            print(f"  {k:14s} videos {row['videos']:5d}  clips {row['clips']:6d}  quarantined {row['quarantined']:3d}"
-                  f"  {speed}", flush=True)
+            print(f"  {k:14s} videos {row['videos']:5d}  clips {row['clips']:6d} + static {static:5d}  "
+                  f"quarantined {row['quarantined']:3d}  {speed}", flush=True)
     return rows
 
 
@@ -115,10 +121,33 @@ def _train_aam(store, config: dict) -> str:
 
 def cmd_train(args) -> int:
     from pipeline.resources import StoreResource
+    from splavu_core.roles import parse_roles
 
-    cfg = json.loads(args.config) if args.config else {}
-    _train_aam(StoreResource(root=_store_root(args)), cfg)
+    try:
+        cfg = json.loads(args.config) if args.config else {}
+    except json.JSONDecodeError as e:
+        raise StoreError(f"--config is not JSON ({e}): e.g. '{{\"epochs\": 30}}'") from e
+    if args.tasks is not None:
+        cfg["tasks"] = list(parse_roles(args.tasks))
+    store = StoreResource(root=_store_root(args))
+    print(_training_preflight(store.store(), cfg), flush=True)
+    _train_aam(store, cfg)
     return 0
+
+
+def _training_preflight(fs, cfg: dict) -> str:
+    """What training will use, checked before a Dagster run starts (so a missing task is one line, not a
+    failed run): the one-line plan, or RoleError / StoreError saying what to do."""
+    from splavu_core.registry import registration
+    from splavu_core.roles import training_plan
+
+    plan = training_plan(fs, cfg.get("tasks"), {t: cfg.get(f"{t}_dataset", "") for t in ("ar", "tad", "ad")},
+                         cfg.get("selection", ""))
+    shards = {s for d in plan.datasets.values() if d for s in registration(fs, d)["shards"]}
+    missing = sorted(s for s in shards if fs.committed(s) is None)
+    if missing:
+        raise StoreError(f"no latents yet for shard(s) {missing}: run `splavu extract` first")
+    return plan.summary()
 
 
 def cmd_publish(args) -> int:
@@ -146,10 +175,30 @@ def cmd_evaluate(args) -> int:
     root = _store_root(args)
     # the newest version is scored even when the privacy budget kept it from becoming current
     version = getattr(args, "version", None) or newest_version(FeatureStore(root))
-    run_evaluation(root, config={"aam_version": version} if version else None, instance=instance())
+    if not version:
+        raise StoreError(f"no AAM version in {root}: run `splavu train` and `splavu publish` first")
+    res = run_evaluation(root, config={"aam_version": version}, instance=instance())
     build_catalog(FeatureStore(root))  # the metrics view now has files to read
     print(FeatureStore(root).fs.read_text("reports/privacy_utility.md"))
+    for line in evaluation_notes(res):
+        print(line)
     return 0
+
+
+def evaluation_notes(res) -> list[str]:
+    """Tasks skipped (and why) and failed checks (e.g. utility_retention) of an evaluation run: they are in the
+    event log, and the terminal must say them too."""
+    skipped = {}
+    for mat in res.get_asset_materialization_events():
+        md = mat.step_materialization_data.materialization.metadata
+        if "skipped" in md:
+            skipped.update(md["skipped"].value)
+    out = [f"skipped {task}: {why}" for task, why in sorted(skipped.items())]
+    for ev in res.get_asset_check_evaluations():
+        if not ev.passed:
+            level = "warning" if ev.severity.value == "WARN" else "error"
+            out.append(f"{level}: check {ev.check_name} failed: {ev.description}")
+    return out
 
 
 def cmd_ablations(args) -> int:
@@ -196,10 +245,12 @@ def cmd_demo(args) -> int:
     for name in DATASETS:
         keys += ingest(inst, store, name, str(data / name / "manifest.csv"), args.shard_size)
     print(f"\n2/6 extracting raw latents of {len(keys)} shards into {store.root} (shipped demo VideoMAE)")
-    rows = _extract(store, EncoderResource(static_datasets=["ar", "tad", "ad"]), keys)
-    print(f"  {sum(r['clips'] for r in rows)} clip latents, {sum(r['quarantined'] for r in rows)} quarantined "
+    rows = _extract(store, EncoderResource(), keys)  # static clips where roles say training reads them
+    print(f"  {sum(r['clips'] for r in rows)} clip latents + {sum(r['static_clips'] for r in rows)} static, "
+          f"{sum(r['quarantined'] for r in rows)} quarantined "
           f"[{time.perf_counter() - t0:.0f} s]")
     print("\n3/6 training the anonymizing adapter from cached latents")
+    print(f"  {_training_preflight(store.store(), DEMO_AAM)}")
     _train_aam(store, DEMO_AAM)
     print(f"\n4/6 publishing anonymized feature tables and the DuckDB catalog [{time.perf_counter() - t0:.0f} s]")
     cmd_publish(argparse.Namespace(store=store.root, version=None))
@@ -229,6 +280,8 @@ def _catalog_store(args):
 def cmd_sql(args) -> int:
     from splavu_core.catalog import format_table, query
 
+    if not args.query.strip():
+        raise StoreError('empty query: pass SQL, e.g. splavu sql "SELECT dataset, count(*) FROM videos GROUP BY ALL"')
     store = _catalog_store(args)
     out = format_table(query(store, args.query, read_only=True), args.format)
     print(out, end="" if out.endswith("\n") else "\n")
@@ -236,15 +289,25 @@ def cmd_sql(args) -> int:
 
 
 def cmd_neighbors(args) -> int:
-    from splavu_core.catalog import format_table, neighbors
+    from splavu_core.catalog import format_table
+    from splavu_core.neighbors import Index, NeighborsError, neighbors
+    from splavu_core.publish import current_version, read_versions
+    from splavu_core.store import FeatureStore
 
     if args.k < 1:
-        raise StoreError(f"--k must be >= 1, got {args.k}")
-    store = _catalog_store(args)
-    out = format_table(neighbors(store, args.video_id, k=args.k, reduce=args.reduce, dataset=args.dataset), args.format)
+        raise NeighborsError(f"--k must be >= 1, got {args.k}")
+    store = FeatureStore(_store_root(args))
+    version = args.version or current_version(store)
+    index = None
+    if version in read_versions(store)["version"].to_pylist():  # else neighbors() explains what is missing
+        index = Index.open(store, version)
+        if not index.from_index:
+            print(f"note: AAM version {version} has no up-to-date neighbour index, so its Parquet tables were read "
+                  f"instead (slow); `splavu publish --version {version}` writes it", file=sys.stderr)
+    out = format_table(neighbors(store, args.video_id, k=args.k, reduce=args.reduce, dataset=args.dataset,
+                                 version=version, index=index), args.format)
     print(out, end="" if out.endswith("\n") else "\n")
     return 0
-
 
 
 def main(argv=None) -> int:
@@ -265,6 +328,9 @@ def main(argv=None) -> int:
     p.add_argument("name")
     p.add_argument("manifest")
     p.add_argument("--shard-size", type=int, default=256)
+    p.add_argument("--roles", help="tasks the dataset serves, comma-separated: ar (action), tad (segments), ad "
+                                   "(anomaly), privacy (attr_*), bias_f / bias_m (action, group), gait (subject_id); "
+                                   "default: the dataset's name when it is one of these")
     p.set_defaults(fn=cmd_ingest)
 
     p = sub.add_parser("extract", help="extract raw latents of registered datasets")
@@ -274,6 +340,7 @@ def main(argv=None) -> int:
 
     p = sub.add_parser("train", help="train an AAM from the store's cached latents (Dagster run)")
     p.add_argument("--config", help="JSON of AAMTrainingConfig fields, e.g. '{\"epochs\": 30, \"w_lc\": 10}'")
+    p.add_argument("--tasks", help="utility tasks to co-train, e.g. ar,tad (default: every task with labelled data)")
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("publish", help="anonymize every shard with an AAM version and rebuild the catalog")
@@ -315,6 +382,7 @@ def main(argv=None) -> int:
 
     p = sub.add_parser("neighbors", help="nearest clips to a video in the current anonymized table")
     p.add_argument("video_id")
+    p.add_argument("--version", help="AAM version whose published table to search (default: the current one)")
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--dataset", help="the video's dataset, when its id occurs in several")
     p.add_argument("--reduce", default="mean", choices=["mean", "first"], help="query with the mean or the first clip")
@@ -323,10 +391,48 @@ def main(argv=None) -> int:
 
     args = ap.parse_args(argv)
     try:
+        if args.cmd not in CREATES_STORE:
+            _require_store(_store_root(args))
         return args.fn(args)
-    except (ManifestError, StoreError, PixelError) as e:
-        print(f"splavu: error: {e}", file=sys.stderr)
+    except Exception as e:
+        known = _expected_error(e)
+        if known is None:
+            raise  # a bug: keep the traceback
+        print(f"splavu: error: {_one_line(known)}", file=sys.stderr)
         return 2
+
+
+CREATES_STORE = ("synth", "ingest", "demo")  # every other command reads an existing store
+
+
+def _require_store(root: str) -> None:
+    from splavu_core.store import FeatureStore
+
+    if not FeatureStore(root).fs.isdir(""):
+        raise StoreError(f"no store at {root}: register a dataset first (splavu ingest NAME MANIFEST), "
+                         f"or point --store / $SPLAVU_STORE at an existing store")
+
+
+def _expected_error(e: BaseException) -> BaseException | None:
+    """The user-facing error inside `e` (Dagster wraps what an asset raised), or None for a bug."""
+    import dagster as dg
+
+    from splavu_core.aam.train import TrainingDataError
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (ManifestError, StoreError, PixelError, TrainingDataError, dg.Failure)):
+            return e
+        e = getattr(e, "user_exception", None) or e.__cause__
+    return None
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, ManifestError):
+        return str(e)  # one problem per line, each with its row and column
+    text = e.description if hasattr(e, "description") and e.description else str(e)
+    return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
 
 if __name__ == "__main__":

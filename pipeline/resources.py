@@ -37,11 +37,13 @@ class EncoderResource(dg.ConfigurableResource):
     target_fps: float | None = None
     static_k: int = 10
     static_splits: list[str] = ["train"]
-    static_datasets: list[str] = Field(default=[], description="datasets that get static latents (empty: all); "
-                                       "only the AAM's training datasets need them")
+    static_datasets: list[str] = Field(default=[], description="datasets that get static latents (empty: those "
+                                       "registered with a training role, decided at ingest); only the AAM's "
+                                       "training datasets need them")
 
-    def static_splits_for(self, dataset: str) -> tuple[str, ...]:
-        return tuple(self.static_splits) if not self.static_datasets or dataset in self.static_datasets else ()
+    def static_splits_for(self, dataset: str, registered_static: bool = True) -> tuple[str, ...]:
+        wanted = dataset in self.static_datasets if self.static_datasets else registered_static
+        return tuple(self.static_splits) if wanted else ()
 
     def sampling(self) -> ClipSampling:
         return ClipSampling(clip_len=self.clip_len, frame_step=self.frame_step, target_fps=self.target_fps,

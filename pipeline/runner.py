@@ -31,8 +31,9 @@ def _process_instance() -> dg.DagsterInstance:
     return dg.DagsterInstance.ephemeral()
 
 
-def ingest(inst: dg.DagsterInstance, store: StoreResource, name: str, manifest: str, shard_size: int) -> list[str]:
-    keys = register_dataset(store.store(), name, manifest, shard_size)
+def ingest(inst: dg.DagsterInstance, store: StoreResource, name: str, manifest: str, shard_size: int,
+           roles=None) -> list[str]:
+    keys = register_dataset(store.store(), name, manifest, shard_size, roles=roles)
     have = set(inst.get_dynamic_partitions(shards.name))
     new = [k for k in keys if k not in have]
     if new:

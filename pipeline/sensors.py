@@ -41,7 +41,8 @@ def inbox_sensor(context: dg.SensorEvaluationContext, store: StoreResource):
         if manifest is None or name in known:
             continue
         try:
-            new_keys += register_dataset(fs, name, manifest)
+            roles = folder / "roles.txt"  # e.g. "ar,privacy"; without it no task reads an inbox dataset
+            new_keys += register_dataset(fs, name, manifest, roles=roles.read_text().strip() if roles.is_file() else None)
         except (ManifestError, StoreError) as e:
             skipped.append(f"{folder}: {e}")
     for s in skipped:

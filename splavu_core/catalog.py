@@ -161,6 +161,8 @@ def _classify(rel: Path) -> tuple[str, str | None, str | None]:
         return "aam", None, parts[1]
     if top == "manifests":
         return "manifests", Path(parts[1]).stem, None
+    if top == "neighbors" and len(parts) > 2:  # splavu_core.neighbors: a version's anonymized features, normalised
+        return "neighbor_index", None, parts[1]
     if top in ("metrics", "runs", "datasets"):
         return top, None, None
     if top == ".trash":

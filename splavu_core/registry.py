@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from .manifest import Manifest, load_manifest
+from .roles import RoleError, default_roles, gets_static_clips, missing_columns, parse_roles, roles_of
 from .store import FeatureStore, StoreError
 from .storefs import join
 
@@ -44,16 +45,23 @@ def _registration(store: FeatureStore, name: str) -> dict | None:
 
 
 def register_dataset(store: FeatureStore, name: str, manifest_path: str | os.PathLike,
-                     shard_size: int = DEFAULT_SHARD_SIZE) -> list[str]:
-    """Validate `manifest_path` and record it under `name`; return the dataset's shard keys."""
+                     shard_size: int = DEFAULT_SHARD_SIZE, roles=None) -> list[str]:
+    """Validate `manifest_path` and record it under `name` with the roles it serves (None: from the name,
+    see roles.py); return the dataset's shard keys."""
     if not NAME.match(name):
         raise StoreError(f"dataset name {name!r}: use lowercase letters, digits and '_'")
-    assert shard_size >= 1, "shard_size must be >= 1"
+    if shard_size < 1:
+        raise StoreError(f"--shard-size must be >= 1 (videos per shard), got {shard_size}")
+    roles = default_roles(name) if roles is None else parse_roles(roles)
     m = load_manifest(manifest_path)
+    columns = list(m.to_arrow().column_names)
+    if problems := missing_columns(roles, columns):
+        raise RoleError(f"{manifest_path}: " + "; ".join(problems) + f" (its columns: {columns})")
     n = len(m.rows)
     shards = [f"{name}-{i:03d}" for i in range((n + shard_size - 1) // shard_size)]
     reg = {"name": name, "manifest": str(Path(manifest_path).resolve()), "shard_size": shard_size,
-           "videos": n, "shards": shards, "attributes": list(m.attributes)}
+           "videos": n, "shards": shards, "attributes": list(m.attributes), "roles": list(roles),
+           "static_clips": gets_static_clips(roles)}
     old = _registration(store, name)
     if old is not None and old["manifest"] != reg["manifest"]:
         raise StoreError(f"dataset {name!r} is already registered from {old['manifest']}; "
@@ -65,6 +73,18 @@ def register_dataset(store: FeatureStore, name: str, manifest_path: str | os.Pat
 def registered(store: FeatureStore) -> dict[str, dict]:
     return {key.rsplit("/", 1)[-1][:-len(".json")]: store.fs.read_json(key)
             for key in sorted(store.fs.glob("datasets", ".json"))}
+
+
+def registration(store: FeatureStore, name: str) -> dict:
+    reg = _registration(store, name)
+    if reg is None:
+        raise StoreError(f"dataset {name!r} is not registered in {store.root} (run `splavu ingest`)")
+    return reg
+
+
+def static_clips(reg: dict) -> bool:
+    """Whether the dataset's training videos get static clips (registrations without the field: by role)."""
+    return bool(reg["static_clips"]) if "static_clips" in reg else gets_static_clips(roles_of(reg))
 
 
 def dataset_manifest(store: FeatureStore, name: str) -> Manifest:
@@ -88,6 +108,10 @@ def shard_rows(store: FeatureStore, shard: str) -> tuple[Manifest, list[dict]]:
 def write_shard_manifest(store: FeatureStore, shard: str) -> pa.Table:
     m, rows = shard_rows(store, shard)
     sub = Manifest(path=m.path, root=m.root, rows=rows, attributes=m.attributes).to_arrow()
+    # what the catalog's `videos` view shows about roles: which tasks read the video, does it get static clips
+    reg = registration(store, dataset_of(shard))
+    sub = sub.append_column("roles", pa.array([",".join(roles_of(reg))] * len(rows), pa.string()))
+    sub = sub.append_column("static_clips", pa.array([static_clips(reg) and r["split"] == "train" for r in rows]))
     sub = sub.replace_schema_metadata({"dataset_root": str(m.root), "manifest": str(m.path)})
     store.write_shard_manifest_table(shard, sub)
     return sub

@@ -64,7 +64,8 @@ def run(inst, store_root, shard, checkpoint):
 def test_bad_videos_are_quarantined_not_fatal(small_dataset, tiny_videomae, tmp_path):
     inst = dg.DagsterInstance.ephemeral()
     store = tmp_path / "store"
-    (key,) = ingest(inst, StoreResource(root=str(store)), "mixed", str(small_dataset / "manifest.csv"), 64)
+    (key,) = ingest(inst, StoreResource(root=str(store)), "mixed", str(small_dataset / "manifest.csv"), 64,
+                    roles="ar")  # a training role: its train videos get static clips
     res = run(inst, store, key, tiny_videomae)
     md = {m.asset_key.path[-1]: m.metadata for m in res.asset_materializations_for_node("extracted_latents")}
     assert md["clip_latents"]["quarantined"].value == 5 and md["clip_latents"]["videos"].value == 6

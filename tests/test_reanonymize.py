@@ -191,11 +191,12 @@ def test_cli_sql_and_neighbors(env, capsys):
     rc, _, err = cli(capsys, "--store", root, "sql", "SELECT nope FROM videos")
     assert rc == 2 and "nope" in err
     rc, _, err = cli(capsys, "--store", root, "neighbors", "no_such_video")
-    assert rc == 2 and "not in the current anonymized table" in err
+    assert rc == 2 and "no video 'no_such_video' is registered" in err  # unlike a video not yet published
     empty = str(env.tmp.mktemp("empty"))
-    for argv in (["sql", "SELECT 1"], ["neighbors", vid]):
-        rc, _, err = cli(capsys, "--store", empty, *argv)
-        assert rc == 2 and "run feature_catalog first" in err
+    rc, _, err = cli(capsys, "--store", empty, "sql", "SELECT 1")
+    assert rc == 2 and "run feature_catalog first" in err
+    rc, _, err = cli(capsys, "--store", empty, "neighbors", vid)
+    assert rc == 2 and "no AAM version in" in err and "splavu train" in err
 
 
 def test_new_aam_sensor_rolls_out_a_second_version(env):

@@ -558,6 +558,10 @@ def passes_privacy_budget(store: FeatureStore, version: str, threshold: float | 
     if _is_oracle(store, version):
         return False, f"version {version} is the oracle diagnostic (trained with private-attribute labels): never current"
     try:
-        return budget_verdict(privacy_budget_measure(store, version), threshold)
+        from ..roles import task_datasets  # the dataset registered with role privacy
+
+        ds = task_datasets(store)
+        return budget_verdict(privacy_budget_measure(store, version, ds["privacy"], clip_dataset=ds["clip_privacy"]),
+                              threshold)
     except Exception as e:
         return False, f"leakage of version {version} could not be measured ({e}); not promoted"

@@ -1,0 +1,98 @@
+"""The neighbour index (splavu_core.neighbors): exact against DuckDB's query, built from published features
+only, bypassed when stale, pruned with its version's tables; and the search's bound on harder data."""
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from splavu_core import catalog as cat
+from splavu_core import neighbors as nn
+from splavu_core import publish as pub
+from test_publish_catalog import make_adapter, publish, store, write_fake_shard  # noqa: F401  (store: a fixture)
+
+
+def test_index_answers_what_duckdb_answers(store):
+    version = publish(store, make_adapter(store), ["ar-000", "ar-001", "tad-000"])
+    cat.build_catalog(store)
+    written = nn.refresh_indexes(store)
+    assert written == {"written": [version], "pruned": []}
+    index = nn.Index.open(store, version)
+    assert index.from_index
+    for vid, reduce, k in (("ar-000_v1", "mean", 5), ("tad-000_v0", "first", 100)):
+        want = cat.neighbors(store, vid, k=k, reduce=reduce)
+        got = nn.neighbors(store, vid, k=k, reduce=reduce, index=index)
+        assert got["video_id"].to_pylist() == want["video_id"].to_pylist()
+        assert got["clip_index"].to_pylist() == want["clip_index"].to_pylist()
+        assert got["dataset"].to_pylist() == want["dataset"].to_pylist()
+        np.testing.assert_allclose(got["similarity"].to_numpy(), want["similarity"].to_numpy(), atol=1e-5)
+    assert nn.neighbors(store, "tad-000_v0", k=100, index=index).num_rows == 27  # 30 clips less its own 3
+
+
+def test_index_holds_published_features_never_raw(store):
+    version = publish(store, make_adapter(store), ["ar-000", "ar-001", "tad-000"])
+    built = nn.write_index(store, version)
+    feats = np.load(f"{built['path']}/features.npy")
+    published = pub._features(pub.read_anonymized(store, version))
+    unit = published / np.linalg.norm(published, axis=1, keepdims=True)
+    ids = pa.ipc.open_file(pa.memory_map(f"{built['path']}/ids.arrow")).read_all()
+    order = pub.read_anonymized(store, version)
+    assert ids["video_id"].to_pylist() == order["video_id"].to_pylist()
+    np.testing.assert_allclose(feats, unit, atol=1e-6)
+    raw = np.concatenate([store.read_shard(s, with_static=False).clips for s in ("ar-000", "ar-001", "tad-000")])
+    raw_unit = raw / np.linalg.norm(raw, axis=1, keepdims=True)
+    assert np.abs(feats @ raw_unit.T).max() < 0.9999  # no published row is a (normalised) raw latent
+
+
+def test_stale_index_is_bypassed_and_retention_prunes_it(store):
+    old = publish(store, make_adapter(store, seed=1), ["ar-000", "ar-001"])
+    nn.write_index(store, old)
+    pub.anonymize_shard(store, "tad-000", store.loc("aam", old))  # a shard published after the index
+    index = nn.Index.open(store, old)
+    assert not index.from_index and "tad-000_v0" in index.ids["video_id"].to_pylist()
+    assert nn.refresh_indexes(store)["written"] == [old] and nn.Index.open(store, old).from_index
+
+    new = publish(store, make_adapter(store, seed=2), ["ar-000", "ar-001", "tad-000"])
+    nn.refresh_indexes(store)
+    assert nn.index_dir(store, new).is_dir()
+    kept = pub.apply_retention(store, keep=1)
+    assert kept["deleted"] == [old] and not nn.index_dir(store, old).exists() and nn.index_dir(store, new).is_dir()
+    with pytest.raises(nn.NeighborsError, match=f"AAM version '{old}' is not recorded|no published tables"):
+        nn.neighbors(store, "ar-000_v1", version=old)
+
+
+def test_explains_an_empty_current_table(store):
+    assert "no AAM version in" in _error(store, "ar-000_v1")
+    version = publish(store, make_adapter(store), ["ar-000", "ar-001"], make_current=False)
+    store.fs.write_json(f"reports/privacy_budget/{version}.json", {"key": "k", "measure": {
+        "leakage_removed": 0.04, "raw_cmap": 0.86, "anonymized_cmap": 0.85, "chance_cmap": 0.5}})
+    msg = _error(store, "ar-000_v1")
+    assert "no AAM version is current" in msg and f"{version} (" in msg and "2/3 shards published" in msg
+    assert "refused by the privacy budget (leakage removed 0.040 < budget 0.5)" in msg and f"--version {version}" in msg
+    found = nn.neighbors(store, "ar-000_v1", k=3, version=version)
+    assert found.num_rows == 3 and "ar-000_v1" not in found["video_id"].to_pylist()
+
+
+def _error(store, video_id) -> str:
+    with pytest.raises(nn.NeighborsError) as e:
+        nn.neighbors(store, video_id)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["clustered", "random"])
+def test_search_is_exact_where_the_bound_prunes_little(kind):
+    """Isotropic rows leave the rank-16 bound loose: the search must still return the exact top k."""
+    rng = np.random.default_rng(0)
+    n, d = 20_000, 64
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    if kind == "clustered":
+        x = x * 0.2 + rng.standard_normal((50, d)).astype(np.float32)[rng.integers(0, 50, n)]
+    t = pa.table({"feature": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), d),
+                  "video_id": [str(i) for i in range(n)]})
+    index = nn.Index(version="v", ids=t.select(["video_id"]), from_index=True, **nn._arrays(t, nn.RANK))
+    for i in (0, 17, 4242):
+        rows, sims = index.search(x[i], 10, np.array([i]))
+        full = index.features @ (x[i] / np.linalg.norm(x[i]))
+        full[i] = -np.inf
+        assert rows.tolist() == np.argsort(-full, kind="stable")[:10].tolist()
+        np.testing.assert_allclose(sims, full[rows], atol=1e-6)
