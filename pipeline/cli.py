@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -214,19 +216,24 @@ def _catalog_store(args):
     from splavu_core.catalog import CatalogError, catalog_path
     from splavu_core.store import FeatureStore
 
-    store = FeatureStore(_store_root(args))
+    root = _store_root(args)
+    store = FeatureStore(root)
     if not catalog_path(store).is_file():
         raise CatalogError(f"no catalog at {catalog_path(store)}: run feature_catalog first "
-                           f"(dagster asset materialize -m pipeline.definitions --select feature_catalog)")
+                           f"(`splavu --store {shlex.quote(str(root))} publish` publishes and builds it, or "
+                           f"`SPLAVU_STORE={shlex.quote(str(root))} dagster asset materialize -m pipeline.definitions "
+                           f"--select feature_catalog`)")
     return store
 
 
 def cmd_sql(args) -> int:
-    from splavu_core.catalog import format_table, query
+    from splavu_core.catalog import empty_reason, format_table, query
 
     store = _catalog_store(args)
     out = format_table(query(store, args.query, read_only=True), args.format)
     print(out, end="" if out.endswith("\n") else "\n")
+    if re.search(r"\banonymized_features\b", args.query, re.IGNORECASE) and (why := empty_reason(store)):
+        print(f"splavu: note: anonymized_features is empty: {why}", file=sys.stderr)
     return 0
 
 
