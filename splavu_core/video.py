@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import re
+import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -62,7 +64,7 @@ class DecordVideo:
         try:
             self._vr = decord.VideoReader(self.path, ctx=decord.cpu(0), num_threads=num_threads)
         except Exception as e:  # decord raises DECORDError / RuntimeError for unsupported data
-            raise VideoError(f"{self.path}: cannot open video ({_first_line(e)})") from None
+            raise VideoError(f"{self.path}: cannot open video ({libav_reason(self.path) or _first_line(e)})") from None
         n = len(self._vr)
         if n == 0:
             raise VideoError(f"{self.path}: no decodable frames")
@@ -81,6 +83,28 @@ class DecordVideo:
 
     def all_frames(self) -> np.ndarray:
         return self.frames(np.arange(self.info.n_frames))
+
+
+_LIBAV_LOG = threading.Lock()  # libav's log level and "last error" are process-wide
+
+
+def libav_reason(path: str) -> str | None:
+    """What libav itself says about a file it cannot open ("moov atom not found", ...): decord only says
+    "Error reading <path>..." and prints the real reason on stderr. None if PyAV opens the file."""
+    import av
+    import av.logging
+
+    with _LIBAV_LOG:
+        before = av.logging.get_level()
+        av.logging.set_level(av.logging.ERROR)  # PyAV keeps libav's messages only at a set level
+        try:
+            av.open(path).close()
+            return None
+        except av.FFmpegError as e:
+            text = str(e).replace(f": '{path}'", "")  # the path is already at the front of our message
+            return re.sub(r"^\[Errno -?\d+\] ", "", text)
+        finally:
+            av.logging.set_level(before)
 
 
 def _first_line(e: Exception) -> str:
