@@ -21,17 +21,24 @@ def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: int, crf: int = 
     libx264's macroblock-tree rate control and threading make an encode depend on process
     state, so both are off and timestamps are set explicitly.
     """
+    write_video(path, frames, fps, "libx264", "mp4",
+                {"crf": str(crf), "preset": "veryfast", "x264-params": "mbtree=0:threads=1:sliced-threads=0"})
+
+
+def write_video(path: str | os.PathLike, frames: np.ndarray, fps: int, codec: str, container: str,
+                options: dict | None = None) -> None:
+    """Encode (T, H, W, 3) uint8 frames with any libav codec and container (e.g. "mpeg4" in "avi")."""
     import av
 
     T, H, W, _ = frames.shape
     assert frames.dtype == np.uint8 and H % 2 == 0 and W % 2 == 0, f"{path}: need uint8 frames of even size"
     tmp = Path(f"{path}.part")
-    with av.open(str(tmp), mode="w", format="mp4") as out:
-        stream = out.add_stream("libx264", rate=fps)
+    with av.open(str(tmp), mode="w", format=container) as out:
+        stream = out.add_stream(codec, rate=fps)
         stream.width, stream.height, stream.pix_fmt = W, H, "yuv420p"
         stream.time_base = Fraction(1, fps)
         stream.thread_count = 1
-        stream.options = {"crf": str(crf), "preset": "veryfast", "x264-params": "mbtree=0:threads=1:sliced-threads=0"}
+        stream.options = options or {}
         for i in range(T):
             frame = av.VideoFrame.from_ndarray(frames[i], format="rgb24")
             frame.pts, frame.time_base = i, Fraction(1, fps)

@@ -1,7 +1,6 @@
 """Real-world video mixes in one shard (issue 13, items 1 and 6): resolutions, frame rates and containers differ,
 and an unusable file is quarantined with the decoder's own reason, never failing its shard."""
 import os
-from fractions import Fraction
 
 import dagster as dg
 import numpy as np
@@ -13,7 +12,7 @@ from splavu_core.encoders.vfm import load_encoder
 from splavu_core.extract import extract_shard
 from splavu_core.sampling import ClipSampling
 from splavu_core.store import FeatureStore
-from splavu_core.video import write_mp4
+from splavu_core.video import write_mp4, write_video
 from test_extract import run
 
 
@@ -28,23 +27,6 @@ def moving_frames(n, h, w, seed):
     return out
 
 
-def write_avi_mpeg4(path, frames, fps):
-    """MPEG-4 Part 2 in an AVI container (what older cameras and datasets ship), via PyAV."""
-    import av
-
-    n, h, w, _ = frames.shape
-    with av.open(str(path), mode="w", format="avi") as out:
-        stream = out.add_stream("mpeg4", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = w, h, "yuv420p"
-        for i in range(n):
-            frame = av.VideoFrame.from_ndarray(frames[i], format="rgb24")
-            frame.pts, frame.time_base = i, Fraction(1, fps)
-            for packet in stream.encode(frame):
-                out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
-
-
 @pytest.fixture
 def mixed_dataset(tmp_path):
     """Three usable videos that differ in size, frame rate and container, and three files no decoder can use."""
@@ -52,7 +34,7 @@ def mixed_dataset(tmp_path):
     ds.mkdir()
     write_mp4(ds / "cif.mp4", moving_frames(40, 144, 176, 0), fps=25)          # 176x144 H.264, 25 fps
     write_mp4(ds / "odd.mp4", moving_frames(36, 50, 74, 1), fps=16)            # 74x50 H.264, 16 fps
-    write_avi_mpeg4(ds / "pal.avi", moving_frames(34, 72, 96, 2), fps=12)      # 96x72 MPEG-4 Part 2 AVI, 12 fps
+    write_video(ds / "pal.avi", moving_frames(34, 72, 96, 2), 12, "mpeg4", "avi")  # 96x72 MPEG-4 Part 2 AVI, 12 fps
     good = (ds / "cif.mp4").read_bytes()
     (ds / "truncated.mp4").write_bytes(good[: len(good) // 3])
     (ds / "random.mp4").write_bytes(os.urandom(4000))
