@@ -9,6 +9,7 @@
     splavu ablations                                        the paper's ablations on the same latents
     splavu baselines [--masks rendered|hog]                 pixel-space baselines, scored beside splavu
     splavu sql "SELECT ..."  /  splavu neighbors VIDEO_ID   analysts: query the catalog read-only
+    splavu fail-run RUN_ID                                  free the pool slots of a run whose process is gone
     splavu demo                                             all of the above on the embedded default
 """
 from __future__ import annotations
@@ -249,6 +250,18 @@ def cmd_neighbors(args) -> int:
 
 
 
+def cmd_fail_run(args) -> int:
+    from pipeline.recovery import fail_run
+    from pipeline.runner import instance
+
+    inst = instance()
+    run = inst.get_run_by_id(args.run_id)
+    if run is None:
+        raise StoreError(f"no run {args.run_id!r} in the Dagster instance at {inst.root_directory}")
+    fail_run(inst, run, "by hand (`splavu fail-run`)", log=print)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="splavu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", help="store root (default $SPLAVU_STORE or ./store)")
@@ -322,6 +335,11 @@ def main(argv=None) -> int:
     p.add_argument("--reduce", default="mean", choices=["mean", "first"], help="query with the mean or the first clip")
     p.add_argument("--format", default="table", choices=["table", "csv", "json"])
     p.set_defaults(fn=cmd_neighbors)
+
+    p = sub.add_parser("fail-run", help="mark a run whose process is gone failed and free its pool slots "
+                                        "(runs of this host are found and failed automatically)")
+    p.add_argument("run_id")
+    p.set_defaults(fn=cmd_fail_run)
 
     args = ap.parse_args(argv)
     try:
