@@ -97,7 +97,7 @@ _LIBAV_LOG = threading.Lock()  # libav's log level and "last error" are process-
 
 def libav_reason(path: str) -> str | None:
     """What libav itself says about a file it cannot open ("moov atom not found", ...): decord only says
-    "Error reading <path>..." and prints the real reason on stderr. None if PyAV opens the file."""
+    "Error reading <path>..." and prints the real reason on stderr. None if PyAV finds a video stream."""
     import av
     import av.logging
 
@@ -105,7 +105,10 @@ def libav_reason(path: str) -> str | None:
         before = av.logging.get_level()
         av.logging.set_level(av.logging.ERROR)  # PyAV keeps libav's messages only at a set level
         try:
-            av.open(path).close()
+            with av.open(path) as container:
+                if not container.streams.video:
+                    kinds = sorted({st.type for st in container.streams}) or ["no"]
+                    return f"no video stream (the file holds {', '.join(kinds)} streams only)"
             return None
         except av.FFmpegError as e:
             text = str(e).replace(f": '{path}'", "")  # the path is already at the front of our message

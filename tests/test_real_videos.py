@@ -27,6 +27,21 @@ def moving_frames(n, h, w, seed):
     return out
 
 
+def write_audio_only(path):
+    """A valid MP4 with one AAC track and no video: opens fine, holds nothing to decode."""
+    import av
+
+    with av.open(str(path), mode="w", format="mp4") as out:
+        stream = out.add_stream("aac", rate=16000)
+        for i in range(8):
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+            frame.sample_rate, frame.pts = 16000, i * 1024
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+
+
 @pytest.fixture
 def mixed_dataset(tmp_path):
     """Three usable videos that differ in size, frame rate and container, and three files no decoder can use."""
@@ -39,7 +54,8 @@ def mixed_dataset(tmp_path):
     (ds / "truncated.mp4").write_bytes(good[: len(good) // 3])
     (ds / "random.mp4").write_bytes(os.urandom(4000))
     (ds / "notes.mp4").write_bytes(b"this is a text file, not a video\n" * 50)
-    names = ["cif.mp4", "truncated.mp4", "odd.mp4", "random.mp4", "pal.avi", "notes.mp4"]
+    write_audio_only(ds / "sound.mp4")
+    names = ["cif.mp4", "truncated.mp4", "odd.mp4", "random.mp4", "pal.avi", "notes.mp4", "sound.mp4"]
     rows = ["video_id,path,split,action"] + [f"{n.split('.')[0]},{n},train,walk" for n in names]
     (ds / "manifest.csv").write_text("\n".join(rows) + "\n")
     return ds
@@ -51,7 +67,7 @@ def test_mixed_resolutions_rates_and_containers_extract_in_one_shard(mixed_datas
     assert run(inst, store, key, tiny_videomae).success
     data = FeatureStore(store).read_shard(key)
     q = {r["video_id"]: r["error"] for r in data.quarantine.to_pylist()}
-    assert set(q) == {"truncated", "random", "notes"}
+    assert set(q) == {"truncated", "random", "notes", "sound"}
     ids = data.index["video_id"].to_pylist()
     assert sorted(set(ids)) == ["cif", "odd", "pal"] and data.static.shape[0] == 3
     # each video's latents are what it gets alone (a one-video shard): nothing depends on its shard-mates
@@ -75,13 +91,14 @@ def test_quarantine_keeps_the_decoders_own_reason(mixed_dataset, tiny_videomae):
     from splavu_core.manifest import load_manifest
 
     rows = [r for r in load_manifest(mixed_dataset / "manifest.csv").rows
-            if r["video_id"] in ("truncated", "random", "notes")]
+            if r["video_id"] in ("truncated", "random", "notes", "sound")]
     out = extract_shard("bad-000", rows, mixed_dataset, load_encoder(tiny_videomae, device="cpu"), ClipSampling())
     q = {r["video_id"]: r["error"] for r in out.quarantine.to_pylist()}
     assert "moov atom not found" in q["truncated"] and "truncated.mp4" in q["truncated"]
     for vid in ("random", "notes"):
         assert "Invalid data found when processing input" in q[vid] or "moov atom" in q[vid], q[vid]
-    assert not any("Error reading" in e for e in q.values()), q  # decord's generic line says nothing
+    assert "no video stream (the file holds audio streams only)" in q["sound"]
+    assert not any("Error reading" in e or "Check failed" in e for e in q.values()), q  # decord's generic line says nothing
 
 
 def test_preparing_video_by_video_gives_the_old_batch_latents_bit_for_bit(tiny_videomae):
