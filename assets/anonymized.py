@@ -22,13 +22,12 @@ from pydantic import Field
 from pipeline.partitions import shards
 from pipeline.resources import StoreResource
 from splavu_core import costs
-from splavu_core.publish import (PublishError, anonymize_shard, apply_retention, current_version, published_rows,
-                                 published_shards, read_versions, set_current, versions_path)
+from splavu_core.publish import (PROMOTIONS_FILE, PublishError, anonymize_shard, apply_retention, current_version,
+                                 promoted_versions, published_rows, published_shards, read_versions, record_refusal,
+                                 set_current, versions_path)
 from splavu_core.evaluation.suite import passes_privacy_budget
 from splavu_core.registry import registered
 from splavu_core.store import FeatureStore
-
-PROMOTIONS_FILE = "aam_promotions.json"  # versions made current automatically, and when
 
 
 # ---------------------------------------------------------------- store state (shared with the sensors)
@@ -84,13 +83,6 @@ def shards_lacking(store: FeatureStore, version: str, candidates: list[str] | No
     return [s for s in pool if store.committed(s) is not None and not table_complete(store, version, s)]
 
 
-def promoted_versions(store: FeatureStore) -> dict[str, str]:
-    try:
-        return store.fs.read_json(PROMOTIONS_FILE)
-    except FileNotFoundError:
-        return {}
-
-
 def target_versions(store: FeatureStore) -> list[str]:
     """Versions every shard should have a table for: the current one, plus the newest while it is being
     rolled out (newer than the current one and not made current before)."""
@@ -130,6 +122,7 @@ def maybe_promote(store: FeatureStore, version: str) -> tuple[bool, str]:
             return False, f"complete, but older than the current version {cur}: use publish.set_current to roll back"
         ok, why = passes_privacy_budget(store, version)  # the privacy gate guards promotion, not just this run
         if not ok:
+            record_refusal(store, version, why)  # analysts are told why their table is empty (catalog.empty_reason)
             return False, f"complete, but not made current: {why}"
         set_current(store, version)
         done[version] = datetime.now(timezone.utc).isoformat()

@@ -26,25 +26,25 @@ def extracted_latents(context: dg.AssetExecutionContext, store: StoreResource, e
     prov = enc.provenance(sampling)
     fs.claim(prov)  # refuses a store of another encoder before any work
     mhash = manifest_hash(rows)
-    done = fs.committed(shard)
     t0 = time.perf_counter()
-    if done and done["manifest_hash"] == mhash and done["encoder_fingerprint"] == prov["encoder_fingerprint"]:
-        context.log.info(f"{shard}: already extracted with this encoder and manifest; nothing to do")
-        marker, skipped = done, True
-    else:
-        step = max(1, len(rows) // 10)
+    step = max(1, len(rows) // 10)
 
-        def progress(n):
-            if n % step == 0 or n == len(rows):
-                context.log.info(f"{shard}: {n}/{len(rows)} videos")
+    def progress(n):
+        if n % step == 0 or n == len(rows):
+            context.log.info(f"{shard}: {n}/{len(rows)} videos")
 
-        data = extract_shard(shard, rows, manifest.root, enc, sampling, batch_size=encoder.batch_size,
+    def extract():
+        return extract_shard(shard, rows, manifest.root, enc, sampling, batch_size=encoder.batch_size,
                              decode_threads=encoder.decode_threads, static_splits=encoder.static_splits_for(
                                  dataset_of(shard), static_clips(registration(fs, dataset_of(shard)))),
                              log=context.log.warning, progress=progress)
-        marker, skipped = fs.write_shard(shard, data, prov, mhash), False
+
+    # another writer of this shard (another Dagster instance) goes first; then this one finds its commit and skips
+    marker, skipped = fs.produce_shard(shard, prov, mhash, extract, on_wait=context.log.warning)
+    if skipped:
+        context.log.info(f"{shard}: already extracted with this encoder and manifest; nothing to do")
     secs = time.perf_counter() - t0
-    n_static = 0 if skipped else int(data.static.shape[0] * data.static.shape[1])
+    n_static = 0 if skipped else int(marker["static_videos"]) * sampling.static_k
     encoded = marker["clips"] + n_static  # throughput counts every clip through the encoder
     if not skipped:  # the cost ledger: what producing features from these videos took
         costs.record(fs, "raw", "extract", shard, secs, videos=marker["videos"], clips=marker["clips"])

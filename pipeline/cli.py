@@ -9,6 +9,7 @@
     splavu ablations                                        the paper's ablations on the same latents
     splavu baselines [--masks rendered|hog]                 pixel-space baselines, scored beside splavu
     splavu sql "SELECT ..."  /  splavu neighbors VIDEO_ID   analysts: query the catalog read-only
+    splavu fail-run RUN_ID                                  free the pool slots of a run whose process is gone
     splavu demo                                             all of the above on the embedded default
 """
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -270,21 +273,26 @@ def _catalog_store(args):
     from splavu_core.catalog import CatalogError, catalog_path
     from splavu_core.store import FeatureStore
 
-    store = FeatureStore(_store_root(args))
+    root = _store_root(args)
+    store = FeatureStore(root)
     if not catalog_path(store).is_file():
         raise CatalogError(f"no catalog at {catalog_path(store)}: run feature_catalog first "
-                           f"(dagster asset materialize -m pipeline.definitions --select feature_catalog)")
+                           f"(`splavu --store {shlex.quote(str(root))} publish` publishes and builds it, or "
+                           f"`SPLAVU_STORE={shlex.quote(str(root))} dagster asset materialize -m pipeline.definitions "
+                           f"--select feature_catalog`)")
     return store
 
 
 def cmd_sql(args) -> int:
-    from splavu_core.catalog import format_table, query
+    from splavu_core.catalog import empty_reason, format_table, query
 
     if not args.query.strip():
         raise StoreError('empty query: pass SQL, e.g. splavu sql "SELECT dataset, count(*) FROM videos GROUP BY ALL"')
     store = _catalog_store(args)
     out = format_table(query(store, args.query, read_only=True), args.format)
     print(out, end="" if out.endswith("\n") else "\n")
+    if re.search(r"\banonymized_features\b", args.query, re.IGNORECASE) and (why := empty_reason(store)):
+        print(f"splavu: note: anonymized_features is empty: {why}", file=sys.stderr)
     return 0
 
 
@@ -307,6 +315,19 @@ def cmd_neighbors(args) -> int:
     out = format_table(neighbors(store, args.video_id, k=args.k, reduce=args.reduce, dataset=args.dataset,
                                  version=version, index=index), args.format)
     print(out, end="" if out.endswith("\n") else "\n")
+    return 0
+
+
+
+def cmd_fail_run(args) -> int:
+    from pipeline.recovery import fail_run
+    from pipeline.runner import instance
+
+    inst = instance()
+    run = inst.get_run_by_id(args.run_id)
+    if run is None:
+        raise StoreError(f"no run {args.run_id!r} in the Dagster instance at {inst.root_directory}")
+    fail_run(inst, run, "by hand (`splavu fail-run`)", log=print)
     return 0
 
 
@@ -389,6 +410,11 @@ def main(argv=None) -> int:
     p.add_argument("--format", default="table", choices=["table", "csv", "json"])
     p.set_defaults(fn=cmd_neighbors)
 
+    p = sub.add_parser("fail-run", help="mark a run whose process is gone failed and free its pool slots "
+                                        "(runs of this host are found and failed automatically)")
+    p.add_argument("run_id")
+    p.set_defaults(fn=cmd_fail_run)
+
     args = ap.parse_args(argv)
     try:
         if args.cmd not in CREATES_STORE:
@@ -402,7 +428,7 @@ def main(argv=None) -> int:
         return 2
 
 
-CREATES_STORE = ("synth", "ingest", "demo")  # every other command reads an existing store
+CREATES_STORE = ("synth", "ingest", "demo", "fail-run")  # every other command reads an existing store (fail-run: none)
 
 
 def _require_store(root: str) -> None:

@@ -12,6 +12,7 @@ import dagster as dg
 
 from pipeline.definitions import defs
 from pipeline.partitions import shards
+from pipeline.recovery import owned_run
 from pipeline.resources import EncoderResource, StoreResource
 from splavu_core.registry import register_dataset
 from pipeline.inprocess import quiet
@@ -52,11 +53,18 @@ def assets_for(*names: str):
     return out, graph
 
 
+def materialize_owned(assets, inst: dg.DagsterInstance, store: StoreResource, **kw) -> dg.ExecuteInProcessResult:
+    """dg.materialize in this process, as a run this process owns: a crash of an earlier one does not block it,
+    and a wait on a pool slot is announced (pipeline/recovery.py)."""
+    with owned_run(inst, store.root) as owner:
+        return dg.materialize(assets, instance=inst, tags={"splavu/entry": "cli", **owner}, **kw)
+
+
 def materialize_shard(inst, shard: str, store: StoreResource, encoder: EncoderResource,
                       selection=("video_manifest", "clip_latents", "static_latents")) -> dg.ExecuteInProcessResult:
     assets, _ = assets_for(*selection)
-    return dg.materialize(assets, instance=inst, partition_key=shard, resources={"store": store, "encoder": encoder}, run_config=quiet(),
-                          selection=list(selection), tags={"splavu/entry": "cli"})
+    return materialize_owned(assets, inst, store, partition_key=shard, resources={"store": store, "encoder": encoder},
+                             run_config=quiet(), selection=list(selection))
 
 
 def run_baselines(inst, store: StoreResource, encoder: EncoderResource, names, mask_source: str = "none",
@@ -67,9 +75,9 @@ def run_baselines(inst, store: StoreResource, encoder: EncoderResource, names, m
     out = {}
     for name in names:
         cfg = {"mask_source": mask_source, "datasets": list(datasets)}
-        res = dg.materialize([pixel_baseline_latents], instance=inst, partition_key=name, tags={"splavu/entry": "cli"},
-                             resources={"store": store, "encoder": encoder},
-                             run_config=quiet({"ops": {"pixel_baseline_latents": {"config": cfg}}}))
+        res = materialize_owned([pixel_baseline_latents], inst, store, partition_key=name,
+                                resources={"store": store, "encoder": encoder},
+                                run_config=quiet({"ops": {"pixel_baseline_latents": {"config": cfg}}}))
         md = {k: v.value for k, v in res.asset_materializations_for_node("pixel_baseline_latents")[0].metadata.items()}
         out[name] = md
         if log:

@@ -4,7 +4,8 @@
     clips                     latents/*/clips.parquet: the clip INDEX of raw shards (+ dataset, shard)
     quarantine                latents/*/quarantine.parquet (+ dataset)
     anonymized_features       anonymized/<current>/*.parquet, feature as FLOAT[D] (+ dataset, shard)
-    anonymized_features_all   anonymized/*/*.parquet, every version
+    anonymized_features_all   anonymized/<v>/*.parquet of every version that passed the privacy gate
+                              (current or once promoted); a refused version's table is never in the catalog
     aam_versions              aam_versions.parquet
     metrics                   metrics/*.parquet
     runs                      runs/*.parquet
@@ -15,6 +16,12 @@ The catalog holds views only: no data is copied into it, and no view reads raw l
 appear without a rebuild; a rebuild is needed when the current AAM version changes, when a table
 goes from zero files to some (its view is an empty typed SELECT until then), or after retention /
 purges empty a glob (DuckDB errors on a glob that matches nothing).
+
+Analysts' connections (query(), neighbors(), `splavu sql`) are read-only: only SELECT / EXPLAIN
+statements, external access off except for exactly the Parquet files the catalog's views name (their
+globs and what they match now), configuration locked. So nothing is written anywhere, and raw latent
+chunks, refused versions' tables and any other file stay unreadable, on local and object-store roots
+alike (DuckDB applies the same path check to a registered fsspec filesystem).
 
 Rebuilds write a new file and os.replace it over catalog.duckdb: an analyst holding a read-only
 connection keeps reading the old file, and a crash mid-build leaves the old catalog in place.
@@ -45,7 +52,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from .publish import VERSIONS_KEY, VERSIONS_SCHEMA, anonymized_key, current_version, read_versions
+from .publish import (VERSIONS_KEY, VERSIONS_SCHEMA, anonymized_key, approved_versions, current_version,
+                      published_shards, read_versions, refused_versions)
 from .store import CLIP_INDEX_SCHEMA, QUARANTINE_SCHEMA, FeatureStore, StoreError
 
 CATALOG_FILE = "catalog.duckdb"
@@ -220,7 +228,8 @@ def _anonymized_views(con, store: FeatureStore, version: str | None, dim: int | 
     empty = _empty_select(schema, ("dataset", "shard"))
     current = f"{anonymized_key(version)}/*.parquet" if version else None  # None: no current version yet
     n_cur = _parquet_view(con, "anonymized_features", store, current, select, empty)
-    n_all = _parquet_view(con, "anonymized_features_all", store, "anonymized/*/*.parquet", select, empty)
+    approved = [k for v in approved_versions(store) for k in store.fs.match(f"{anonymized_key(v)}/*.parquet")]
+    n_all = _parquet_view(con, "anonymized_features_all", store, approved, select, empty)
     return {"anonymized_features": n_cur, "anonymized_features_all": n_all}
 
 
@@ -322,7 +331,47 @@ def build_catalog(store: FeatureStore) -> dict:
 
 # ---------------------------------------------------------------- querying
 
+READ_ONLY_STATEMENTS = ("SELECT", "EXPLAIN")
+
+
+class ReadOnlyError(CatalogError):
+    pass
+
+
+def _view_sources(con, store: FeatureStore) -> list[str]:
+    """Every path or glob the catalog's views read, plus the files each glob matches now: all an analyst may open."""
+    root = store.fs.duck_url("")
+    sql = " ".join(r[0] for r in con.sql("SELECT sql FROM duckdb_views() WHERE NOT internal AND sql IS NOT NULL")
+                   .fetchall())
+    found = {lit.replace("''", "'") for lit in re.findall(r"'((?:[^']|'')*)'", sql)}
+    mine = sorted(u for u in found if u.startswith(root.rstrip("/") + "/"))
+    keys = [u[len(root.rstrip("/")) + 1:] for u in mine]
+    return mine + [store.fs.duck_url(k) for key in keys if "*" in key for k in store.fs.match(key)]
+
+
+def _lock_down(con, store: FeatureStore) -> None:
+    """No file access but the views' own Parquet files, and no way to turn that back on."""
+    allowed = _view_sources(con, store)
+    con.execute("SET allowed_paths = ?", [allowed])
+    con.sql("SET enable_external_access = false")
+    con.sql("SET lock_configuration = true")
+
+
+def _check_read_only(con, sql: str) -> None:
+    import duckdb
+
+    try:
+        kinds = [st.type.name for st in con.extract_statements(sql)]
+    except duckdb.Error:
+        return  # a syntax error: let the query itself report it
+    refused = [k for k in kinds if k not in READ_ONLY_STATEMENTS]
+    if refused:
+        raise ReadOnlyError(f"the catalog is read-only for analysts: only SELECT queries on its views run "
+                            f"(refused: {', '.join(refused)})")
+
+
 def _connect(store: FeatureStore, read_only: bool = True):
+    """A connection on the catalog; read_only: the analysts' locked-down connection (module doc)."""
     import duckdb
 
     p = catalog_path(store)
@@ -336,6 +385,8 @@ def _connect(store: FeatureStore, read_only: bool = True):
         store.fs.register_duckdb(con)  # object stores: the views read through the store's fsspec filesystem
         con.sql(f"ATTACH {_lit(p)} AS catalog{' (READ_ONLY)' if read_only else ''}")
         con.sql("USE catalog")
+        if read_only:
+            _lock_down(con, store)
     except duckdb.Error as e:
         con.close()
         raise CatalogError(f"cannot open {p} (read_only={read_only}): {e}") from e
@@ -348,9 +399,15 @@ def query(store: FeatureStore, sql: str, read_only: bool = True, params: list | 
 
     con = _connect(store, read_only)
     try:
+        if read_only:
+            _check_read_only(con, sql)
         rel = con.sql(sql, params=params) if params else con.sql(sql)
         return rel.to_arrow_table() if rel is not None else pa.table({})
+    except duckdb.PermissionException as e:
+        raise ReadOnlyError(f"the catalog is read-only for analysts: its views' files only, nothing written ({e})") from e
     except duckdb.Error as e:  # e.g. a view over a file that was deleted or corrupted since the build
+        if read_only and "configuration has been locked" in str(e):
+            raise ReadOnlyError(f"the catalog is read-only for analysts: settings are locked ({e})") from e
         raise CatalogError(f"query failed on {catalog_path(store)}: {e}") from e
     finally:
         con.close()
@@ -390,6 +447,24 @@ def _neighbors(con, store: FeatureStore, video_id: str, k: int, reduce: str, dat
                    f"AS similarity, dataset FROM anonymized_features WHERE NOT (video_id = ? AND dataset = ?) "
                    f"ORDER BY similarity DESC, dataset, video_id, clip_index LIMIT {int(k)}",
                    params=[q.tolist(), video_id, found[0]]).to_arrow_table()
+
+
+def empty_reason(store: FeatureStore) -> str | None:
+    """Why anonymized_features has no rows and what would fill it; None when a version is current."""
+    if current_version(store):
+        return None
+    versions = read_versions(store).to_pylist()
+    if not versions:
+        return "no AAM version has been trained yet: `splavu train`, then `splavu publish`."
+    newest = max(versions, key=lambda r: (r["created_at"], r["version"]))["version"]
+    refused = refused_versions(store).get(newest)
+    if refused:
+        return (f"AAM version {newest} was refused by the privacy budget ({refused['why']}), so no version is current. "
+                f"Train one that removes more leakage (`splavu train`), then `splavu publish`; the data engineer can "
+                f"inspect the refused table in {store.loc(anonymized_key(newest))} (outside the analyst catalog).")
+    done, total = len(published_shards(store, newest)), len(store.committed_shards())
+    return (f"no AAM version is current yet: version {newest} is published on {done} of {total} shards and becomes "
+            f"current once all are published and it passes the privacy budget: `splavu publish`.")
 
 
 # ---------------------------------------------------------------- formatting for the CLI

@@ -3,6 +3,10 @@
 A video that cannot be used (corrupt, truncated, empty, unsupported, too short) goes to the
 shard's quarantine table with the reason; it never fails the shard and never leaves a NaN or
 zero row behind.
+
+Videos of one shard may differ in size, frame rate and container: each video's frames are brought
+to the encoder's input size (its preprocessing: resize, crop, normalise) in the decode thread, so the
+encoder's batches mix clips of any videos. Frame rate only matters to the clip arithmetic, per video.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
+import torch
 
 from .encoders.vfm import FrozenEncoder
 from .pixel import PixelAnonymizer
@@ -30,35 +35,47 @@ class DecodedVideo:
     row: dict
     clips: list[ClipSpan]
     fps: float
-    clip_frames: np.ndarray | None     # (n_clips, T, H, W, 3) uint8
+    clip_frames: np.ndarray | None     # (n_clips, T, H, W, 3) uint8; prepared: (n_clips, T, 3, S, S) float
     static_idx: np.ndarray             # (K,) frame indices
-    static_frames: np.ndarray | None   # (K, H, W, 3) uint8
+    static_frames: np.ndarray | None   # (K, H, W, 3) uint8; prepared: (K, 1, 3, S, S) float
     error: str | None = None
 
 
 def decode_video(row: dict, root: Path, sampling: ClipSampling, want_static: bool, threads: int = 1,
-                 pixel: PixelAnonymizer | None = None) -> DecodedVideo:
-    """Decode exactly the frames a video's clips (and static clips) need; `pixel` anonymizes them first."""
+                 pixel: PixelAnonymizer | None = None, prepare: Callable | None = None) -> DecodedVideo:
+    """Decode exactly the frames a video's clips (and static clips) need; `pixel` anonymizes them first,
+    `prepare` (the encoder's) brings them to its input size. Any failure quarantines this video only."""
     path = root / row["path"]
     empty = DecodedVideo(row, [], 0.0, None, np.zeros(0, np.int64), None)
     try:
-        v = DecordVideo(path, num_threads=threads)
-        clips = sampling.clips(v.info.n_frames, v.info.fps)
-        if not clips:
-            need = sampling.clip_len * sampling.step_for(v.info.fps)
-            raise VideoError(f"{path}: too short: {v.info.n_frames} frames, a clip needs {need}")
-        static_idx = sampling.static_frames(v.info.n_frames) if want_static else np.zeros(0, np.int64)
-        wanted = np.unique(np.concatenate([np.concatenate([c.frames for c in clips]), static_idx]))
-        frames = v.frames(wanted)  # (F, H, W, 3)
-        if pixel is not None:  # a pixel baseline: the encoder only ever sees the transformed frames
-            frames = pixel(path, wanted, frames)
-        pos = {int(f): i for i, f in enumerate(wanted)}
-        clip_frames = np.stack([frames[[pos[int(f)] for f in c.frames]] for c in clips])
-        static_frames = frames[[pos[int(f)] for f in static_idx]] if len(static_idx) else None
-        return DecodedVideo(row, clips, v.info.fps, clip_frames, static_idx, static_frames)
+        dv = _decode(row, path, sampling, want_static, threads, pixel)
+        if prepare is not None:
+            dv.clip_frames = prepare(dv.clip_frames)
+            dv.static_frames = prepare(dv.static_frames[:, None]) if dv.static_frames is not None else None
+        return dv
     except VideoError as e:
         empty.error = str(e)
-        return empty
+    except Exception as e:  # one unusable video must never fail its shard: quarantine it with what went wrong
+        empty.error = f"{path}: {type(e).__name__}: {str(e).strip()[:300]}"
+    return empty
+
+
+def _decode(row: dict, path: Path, sampling: ClipSampling, want_static: bool, threads: int,
+            pixel: PixelAnonymizer | None) -> DecodedVideo:
+    v = DecordVideo(path, num_threads=threads)
+    clips = sampling.clips(v.info.n_frames, v.info.fps)
+    if not clips:
+        need = sampling.clip_len * sampling.step_for(v.info.fps)
+        raise VideoError(f"{path}: too short: {v.info.n_frames} frames, a clip needs {need}")
+    static_idx = sampling.static_frames(v.info.n_frames) if want_static else np.zeros(0, np.int64)
+    wanted = np.unique(np.concatenate([np.concatenate([c.frames for c in clips]), static_idx]))
+    frames = v.frames(wanted)  # (F, H, W, 3)
+    if pixel is not None:  # a pixel baseline: the encoder only ever sees the transformed frames
+        frames = pixel(path, wanted, frames)
+    pos = {int(f): i for i, f in enumerate(wanted)}
+    clip_frames = np.stack([frames[[pos[int(f)] for f in c.frames]] for c in clips])
+    static_frames = frames[[pos[int(f)] for f in static_idx]] if len(static_idx) else None
+    return DecodedVideo(row, clips, v.info.fps, clip_frames, static_idx, static_frames)
 
 
 def manifest_hash(rows: list[dict]) -> str:
@@ -85,7 +102,7 @@ def extract_shard(shard: str, rows: list[dict], root: Path, encoder: FrozenEncod
     def flush(force=False):
         while len(pending) >= batch_size or (force and pending):
             chunk, pending[:] = pending[:batch_size], pending[batch_size:]
-            emb = encoder.embed(np.stack([c[3] for c in chunk]))  # (B, D)
+            emb = encoder.embed_prepared(torch.stack([c[3] for c in chunk]))  # (B, D)
             for (vid, kind, i, _), e in zip(chunk, emb):
                 if kind == "clip":
                     clip_out[vid][i] = e
@@ -100,7 +117,7 @@ def extract_shard(shard: str, rows: list[dict], root: Path, encoder: FrozenEncod
             while todo and len(inflight) < 2 * max(1, decode_threads):  # bounded read-ahead
                 r = todo.popleft()
                 inflight.append(pool.submit(decode_video, r, root, sampling, r["split"] in static_splits,
-                                             pixel=pixel))
+                                             pixel=pixel, prepare=encoder.prepare))
             dv = inflight.popleft().result()
             vid = dv.row["video_id"]
             if dv.error:
@@ -113,8 +130,8 @@ def extract_shard(shard: str, rows: list[dict], root: Path, encoder: FrozenEncod
                 pending.extend((vid, "clip", i, f) for i, f in enumerate(dv.clip_frames))
                 if dv.static_frames is not None:
                     static_out[vid] = np.zeros((len(dv.static_idx), encoder.dim), np.float32)
-                    # a static clip = one frame repeated clip_len times
-                    pending.extend((vid, "static", k, np.repeat(f[None], sampling.clip_len, 0))
+                    # a static clip = one frame repeated clip_len times ((1, 3, S, S) → (T, 3, S, S))
+                    pending.extend((vid, "static", k, f.expand(sampling.clip_len, -1, -1, -1))
                                    for k, f in enumerate(dv.static_frames))
                     meta[vid] = meta[vid] + (dv.static_idx,)
             flush()

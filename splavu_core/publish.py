@@ -314,6 +314,41 @@ def current_version(store: FeatureStore) -> str | None:
     return cur[0] if cur else None
 
 
+# ---------------------------------------------------------------- the privacy gate's decisions
+
+PROMOTIONS_FILE = "aam_promotions.json"  # versions made current automatically, and when
+REFUSALS_FILE = "aam_refusals.json"      # versions the privacy budget kept from becoming current, and why
+
+
+def promoted_versions(store: FeatureStore) -> dict[str, str]:
+    try:
+        return store.fs.read_json(PROMOTIONS_FILE)
+    except FileNotFoundError:
+        return {}
+
+
+def refused_versions(store: FeatureStore) -> dict[str, dict]:
+    """{version: {"why", "at"}} of versions the privacy budget refused (the last verdict of each)."""
+    try:
+        return store.fs.read_json(REFUSALS_FILE)
+    except FileNotFoundError:
+        return {}
+
+
+def record_refusal(store: FeatureStore, version: str, why: str) -> None:
+    with store.lock("aam_refusals"):
+        done = refused_versions(store)
+        done[version] = {"why": why, "at": _now().isoformat()}
+        store.fs.write_json(REFUSALS_FILE, done)
+
+
+def approved_versions(store: FeatureStore) -> list[str]:
+    """Versions analysts may read: the current one and every one that passed the gate to become current.
+    A version never promoted (refused by the privacy budget, or still rolling out) stays out of the catalog."""
+    cur = current_version(store)
+    return sorted(set(promoted_versions(store)) | ({cur} if cur else set()))
+
+
 # ---------------------------------------------------------------- retention
 
 def published_shards(store: FeatureStore, version: str) -> set[str]:

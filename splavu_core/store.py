@@ -43,8 +43,10 @@ import os
 import shutil
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -104,9 +106,9 @@ class FeatureStore:
         """Where a key lives, for messages and tools: a Path (local root) or a URL string (object store)."""
         return self.fs.loc(join(*parts))
 
-    def lock(self, name: str):
+    def lock(self, name: str, on_wait=None):
         """Serialise read-modify-write of one small table of this store: flock locally, a lease on object stores."""
-        return self.fs.lock(name)
+        return self.fs.lock(name, on_wait=on_wait)
 
     # ---------------------------------------------------------------- encoder identity
     @property
@@ -170,6 +172,27 @@ class FeatureStore:
         marker = marker if marker is not None else self.committed(shard)
         return join(self.shard_data_key(shard, marker), name) if marker else None
 
+    def produce_shard(self, shard: str, provenance: dict, manifest_hash: str, extract: Callable[[], ShardLatents],
+                      on_wait: Callable[[str], None] | None = None) -> tuple[dict, bool]:
+        """Commit `extract()` as the shard unless it is committed already from this manifest and encoder.
+        Returns (marker, skipped). On a local store producers of one shard take turns (a lock the kernel frees
+        if its holder dies), so a second one, e.g. of another Dagster instance, waits and then skips the work.
+        On an object store only the commit is serialised (a lease would expire in such long waits)."""
+        with self._producing(shard, on_wait):
+            done = self.committed(shard)
+            if (done and done["manifest_hash"] == manifest_hash
+                    and done["encoder_fingerprint"] == provenance["encoder_fingerprint"]):
+                return done, True
+            return self.write_shard(shard, extract(), provenance, manifest_hash), False
+
+    @contextmanager
+    def _producing(self, shard: str, on_wait):
+        if not self.fs.local:
+            yield
+            return
+        with self.lock(f"produce-{shard}", on_wait=on_wait):
+            yield
+
     def write_shard(self, shard: str, data: ShardLatents, provenance: dict, manifest_hash: str) -> dict:
         """Write all of a shard and commit it atomically (see the module docstring); returns the marker."""
         self.claim(provenance)
@@ -196,6 +219,10 @@ class FeatureStore:
         self.fs.write_parquet(join(key, "quarantine.parquet"), data.quarantine)
 
     def _commit_by_rename(self, shard, data, provenance, manifest_hash, marker) -> dict:
+        with self.lock(f"shard-{shard}"):  # writers of a shard take turns: what is in staging now is a dead one's
+            return self._commit_by_rename_locked(shard, data, provenance, manifest_hash, marker)
+
+    def _commit_by_rename_locked(self, shard, data, provenance, manifest_hash, marker) -> dict:
         staging_key = join("latents", ".staging")
         staging_root = self.fs.loc(staging_key)
         staging_root.mkdir(parents=True, exist_ok=True)

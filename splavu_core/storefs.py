@@ -194,7 +194,8 @@ class StoreFS:
         raise NotImplementedError
 
     @contextmanager
-    def lock(self, name: str):
+    def lock(self, name: str, on_wait=None):
+        """Exclusive lock `name` of this store; on_wait(message) is called once if it must wait for a holder."""
         raise NotImplementedError
         yield
 
@@ -322,12 +323,22 @@ class LocalFS(StoreFS):
         return str(self.loc(rel))  # zarr opens a LocalStore for a path, as before
 
     @contextmanager
-    def lock(self, name):
-        """Advisory lock (POSIX flock) serialising read-modify-write of one small table of this store."""
+    def lock(self, name, on_wait=None):
+        """Advisory lock (POSIX flock, released by the kernel when its holder dies); the file names the holder."""
         self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / f".{name}.lock", "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
+        path = self.root / f".{name}.lock"
+        with open(path, "a+") as f:
             try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if on_wait:
+                    f.seek(0)
+                    on_wait(f"waiting for lock {path}, held by {f.read().strip() or 'another process'}")
+                fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                f.truncate(0)
+                f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+                f.flush()
                 yield
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
@@ -561,7 +572,7 @@ class ObjectFS(StoreFS):
         return FsspecStore.from_url(self.loc(rel), storage_options=self.storage_options or None, read_only=read_only)
 
     @contextmanager
-    def lock(self, name):
+    def lock(self, name, on_wait=None):
         lease = Lease(self, join(LOCKS_DIR, f"{name}.json"))
         lease.acquire()
         try:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import re
+import threading
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -19,17 +21,24 @@ def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: int, crf: int = 
     libx264's macroblock-tree rate control and threading make an encode depend on process
     state, so both are off and timestamps are set explicitly.
     """
+    write_video(path, frames, fps, "libx264", "mp4",
+                {"crf": str(crf), "preset": "veryfast", "x264-params": "mbtree=0:threads=1:sliced-threads=0"})
+
+
+def write_video(path: str | os.PathLike, frames: np.ndarray, fps: int, codec: str, container: str,
+                options: dict | None = None) -> None:
+    """Encode (T, H, W, 3) uint8 frames with any libav codec and container (e.g. "mpeg4" in "avi")."""
     import av
 
     T, H, W, _ = frames.shape
     assert frames.dtype == np.uint8 and H % 2 == 0 and W % 2 == 0, f"{path}: need uint8 frames of even size"
     tmp = Path(f"{path}.part")
-    with av.open(str(tmp), mode="w", format="mp4") as out:
-        stream = out.add_stream("libx264", rate=fps)
+    with av.open(str(tmp), mode="w", format=container) as out:
+        stream = out.add_stream(codec, rate=fps)
         stream.width, stream.height, stream.pix_fmt = W, H, "yuv420p"
         stream.time_base = Fraction(1, fps)
         stream.thread_count = 1
-        stream.options = {"crf": str(crf), "preset": "veryfast", "x264-params": "mbtree=0:threads=1:sliced-threads=0"}
+        stream.options = options or {}
         for i in range(T):
             frame = av.VideoFrame.from_ndarray(frames[i], format="rgb24")
             frame.pts, frame.time_base = i, Fraction(1, fps)
@@ -62,7 +71,7 @@ class DecordVideo:
         try:
             self._vr = decord.VideoReader(self.path, ctx=decord.cpu(0), num_threads=num_threads)
         except Exception as e:  # decord raises DECORDError / RuntimeError for unsupported data
-            raise VideoError(f"{self.path}: cannot open video ({_first_line(e)})") from None
+            raise VideoError(f"{self.path}: cannot open video ({libav_reason(self.path) or _first_line(e)})") from None
         n = len(self._vr)
         if n == 0:
             raise VideoError(f"{self.path}: no decodable frames")
@@ -81,6 +90,31 @@ class DecordVideo:
 
     def all_frames(self) -> np.ndarray:
         return self.frames(np.arange(self.info.n_frames))
+
+
+_LIBAV_LOG = threading.Lock()  # libav's log level and "last error" are process-wide
+
+
+def libav_reason(path: str) -> str | None:
+    """What libav itself says about a file it cannot open ("moov atom not found", ...): decord only says
+    "Error reading <path>..." and prints the real reason on stderr. None if PyAV finds a video stream."""
+    import av
+    import av.logging
+
+    with _LIBAV_LOG:
+        before = av.logging.get_level()
+        av.logging.set_level(av.logging.ERROR)  # PyAV keeps libav's messages only at a set level
+        try:
+            with av.open(path) as container:
+                if not container.streams.video:
+                    kinds = sorted({st.type for st in container.streams}) or ["no"]
+                    return f"no video stream (the file holds {', '.join(kinds)} streams only)"
+            return None
+        except av.FFmpegError as e:
+            text = str(e).replace(f": '{path}'", "")  # the path is already at the front of our message
+            return re.sub(r"^\[Errno -?\d+\] ", "", text)
+        finally:
+            av.logging.set_level(before)
 
 
 def _first_line(e: Exception) -> str:

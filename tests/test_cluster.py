@@ -11,6 +11,7 @@ with the run granularity of deploy/dask/dagster.yaml).
 """
 import os
 import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ from pipeline.executors import code_location_job, run_config_for
 REPO = Path(__file__).resolve().parents[1]
 SMALL_ADAPTER = {"layers": 1, "heads": 2, "sub_tokens": 4, "token_width": 16}
 FAST_PROBES = {"ar_epochs": 15, "tad_epochs": 5, "ad_epochs": 10, "privacy_epochs": 25}
+RUN_TIMEOUT_S = float(os.environ.get("SPLAVU_TEST_RUN_TIMEOUT_S", "300"))  # one job run; past it the test fails
 TIME_COLUMNS = {"created_at", "when"}  # wall-clock stamps: the only columns allowed to differ
 SHARDS = ("tad-000", "tad-001")        # the tiny tad set in shards of 6 videos (static latents in both)
 ANON_SHARD = "ar-000"
@@ -57,7 +59,7 @@ def cluster(env):
         assert len(c.worker_pids) == 2 and os.getpid() not in c.worker_pids
         yield c
     finally:
-        c.close()
+        c.close(timeout=60)  # a stuck task must not hang the session after its test failed
 
 
 def instance_settings(path: Path) -> dict:
@@ -107,12 +109,34 @@ class Run(threading.Thread):
         except BaseException as e:  # re-raised by result() in the test's thread
             self.error = e
 
-    def result(self, timeout: float = 300) -> dict[str, int]:
+    def result(self, timeout: float = RUN_TIMEOUT_S) -> dict[str, int]:
         self.join(timeout)
-        assert not self.is_alive(), f"{self.name}: still running after {timeout} s"
+        if self.is_alive():  # the hang seen twice in one long session (README, known gaps): fail with evidence
+            pytest.fail(f"{self.name} on {next(iter(self.engine))}: still running after {timeout} s\n"
+                        f"{stuck_report(self)}", pytrace=False)
         if self.error:
             raise self.error
         return self.pids
+
+
+def stuck_report(run: Run) -> str:
+    """Where a run that does not end is: its orchestrating thread's stack, its last events, and (dask) what
+    each worker is executing, with stacks."""
+    import traceback
+
+    frame = sys._current_frames().get(run.ident)
+    lines = ["orchestrator:", *(traceback.format_stack(frame) if frame else ["  (no frame)"])]
+    for r in run.instance.get_runs(dg.RunsFilter(tags=run.tags), limit=1):
+        lines += [f"run {r.run_id} {r.status.value}, last events:"]
+        lines += [f"  {e.dagster_event.event_type_value if e.dagster_event else ''} {e.step_key or ''} "
+                  f"{(e.message or '')[:200]}" for e in run.instance.all_logs(r.run_id)[-15:]]
+    address = run.engine.get("dask", {}).get("cluster", {}).get("existing", {}).get("address")
+    if address:
+        from distributed import Client
+
+        with Client(address, timeout=10) as client:
+            lines += ["dask processing:", repr(client.processing()), "dask call stacks:", repr(client.call_stack())]
+    return "\n".join(lines)
 
 
 def run_job(*args, **kw) -> dict[str, int]:

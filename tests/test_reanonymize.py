@@ -390,3 +390,6 @@ def test_a_version_failing_the_budget_stays_out(env, monkeypatch):
     assert pub.current_version(env.fs) == before  # ...but the version never became current
     last = [md for md in out["shards"].values() if "budget" in str(md.get("promotion", ""))]
     assert last and "not made current" in last[-1]["promotion"]
+    assert "budget 1.01" in pub.refused_versions(env.fs)[v]["why"]  # recorded for the analysts' notice
+    cat.build_catalog(env.fs)  # and the refused table stays out of the analysts' catalog
+    assert v not in cat.query(env.fs, "SELECT DISTINCT aam_version FROM anonymized_features_all")["aam_version"].to_pylist()

@@ -49,11 +49,23 @@ class FrozenEncoder:
                 "encoder_source": self.source, "weights_sha256": self.weights_hash, "dim": self.dim,
                 "preprocess": self.preprocess.as_dict(), "sampling": sampling.as_dict()}
 
-    @torch.no_grad()
     def embed(self, frames: np.ndarray) -> np.ndarray:
         """(B, T, H, W, 3) uint8 clips → (B, D) float32 embeddings."""
-        assert frames.shape[1] == self.num_frames, f"encoder wants {self.num_frames}-frame clips, got {frames.shape[1]}"
-        x = self.preprocess(frames).to(self.device)  # (B, T, 3, H, W)
+        return self.embed_prepared(self.prepare(frames))
+
+    def prepare(self, frames: np.ndarray) -> torch.Tensor:
+        """(B, T, H, W, 3) uint8 clips of any one size → (B, T, 3, crop, crop): clips of videos of different sizes
+        can be batched once prepared. Per frame, so preparing video by video gives what one batch would."""
+        assert frames.shape[1] in (1, self.num_frames), f"encoder wants {self.num_frames}-frame clips, got {frames.shape[1]}"
+        return self.preprocess(frames)
+
+    @torch.no_grad()
+    def embed_prepared(self, x: torch.Tensor) -> np.ndarray:
+        """(B, T, 3, crop, crop) prepared clips → (B, D) float32 embeddings."""
+        assert x.shape[1] == self.num_frames, f"encoder wants {self.num_frames}-frame clips, got {x.shape[1]}"
+        # one memory layout (channels last, what prepare() gives a whole batch): the kernels' results depend on it,
+        # and a clip's latent must not depend on how its batch was put together
+        x = x.permute(0, 1, 3, 4, 2).contiguous().permute(0, 1, 4, 2, 3).to(self.device)
         with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
                             enabled=self.autocast_dtype is not None):
             if self.family == "vjepa2":

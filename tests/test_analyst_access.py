@@ -1,0 +1,119 @@
+"""The analysts' interface is read-only and never shows a version the privacy budget refused (issue 13, items 3-4).
+
+Real DuckDB catalog over real Parquet and Zarr files of a hand-built store (no encoder needed)."""
+import json
+
+import pytest
+
+from pipeline.cli import main
+from splavu_core import catalog as cat
+from splavu_core import publish as pub
+from test_publish_catalog import make_adapter, publish, store  # noqa: F401  (store: a fixture)
+
+
+def cli(capsys, *argv):
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.fixture
+def catalog(store):  # noqa: F811
+    publish(store, make_adapter(store), ["ar-000", "ar-001", "tad-000"])
+    cat.build_catalog(store)
+    return store
+
+
+def attacks(root):
+    """Each statement that succeeded on the analyst connection before (issue 13, item 3), and what it would leave."""
+    chunk = next(p for p in (root / "latents").rglob("latents.zarr/clips/c/*/*") if p.is_file())
+    return {
+        "copy anywhere": (f"COPY (SELECT * FROM videos) TO '{root.parent / 'out.csv'}'", root.parent / "out.csv"),
+        "attach + create": (f"ATTACH '{root.parent / 'x.duckdb'}' AS x; CREATE TABLE x.t AS SELECT * FROM videos",
+                            root.parent / "x.duckdb"),
+        "read any file": ("SELECT * FROM read_csv('/etc/hostname')", None),
+        "raw latent chunks": (f"SELECT * FROM read_blob('{root}/latents/*/latents.zarr/clips/c/*/*')", None),
+        "raw latent chunk": (f"SELECT content FROM read_blob('{chunk}')", None),
+        "inject a manifest row": (f"COPY (SELECT * FROM videos LIMIT 1) TO '{root}/manifests/x-999.parquet'",
+                                  root / "manifests" / "x-999.parquet"),
+        "overwrite a manifest": (f"COPY (SELECT * FROM videos LIMIT 1) TO '{root}/manifests/ar-000.parquet'", None),
+        "unlock": ("SET enable_external_access = true", None),
+    }
+
+
+@pytest.mark.parametrize("name", [
+    "copy anywhere", "attach + create", "read any file", "raw latent chunks", "raw latent chunk",
+    "inject a manifest row", "overwrite a manifest", "unlock"])
+def test_sql_refuses_everything_but_reading_the_views(catalog, capsys, name):
+    root = catalog.root
+    before = {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+    sql, leftover = attacks(root)[name]
+    rc, out, err = cli(capsys, "--store", str(root), "sql", sql)
+    assert rc == 2 and "read-only" in err, (out, err)
+    assert leftover is None or not leftover.exists()
+    assert {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()} == before  # nothing written
+    with pytest.raises(cat.CatalogError, match="read-only"):  # the library entry point too
+        cat.query(catalog, sql)
+
+
+def test_views_still_read_on_the_locked_connection(catalog, capsys):
+    rc, out, _ = cli(capsys, "--store", str(catalog.root), "sql",
+                     "SELECT (SELECT count(*) FROM clips) AS clips, (SELECT count(*) FROM videos) AS videos, "
+                     "(SELECT count(*) FROM anonymized_features) AS anon, (SELECT count(*) FROM quarantine) AS q, "
+                     "(SELECT count(*) FROM storage) > 0 AS storage", "--format", "json")
+    assert rc == 0 and json.loads(out) == [{"clips": 30, "videos": 10, "anon": 30, "q": 0, "storage": True}]
+    rc, out, _ = cli(capsys, "--store", str(catalog.root), "sql", "DESCRIBE anonymized_features")
+    assert rc == 0 and "feature" in out
+
+
+def test_a_refused_version_is_not_in_the_analyst_views(store, capsys):  # noqa: F811
+    """v1 passed the gate (current); v2 is published everywhere but refused: analysts never see its rows, not even
+    through a path to its files; the engineer still reads them with publish.read_anonymized."""
+    v1 = publish(store, make_adapter(store, seed=1), ["ar-000", "ar-001", "tad-000"])
+    v2 = publish(store, make_adapter(store, seed=2), ["ar-000", "ar-001", "tad-000"], make_current=False)
+    pub.record_refusal(store, v2, "leakage removed 0.037 < budget 0.5")
+    cat.build_catalog(store)
+    got = cat.query(store, "SELECT DISTINCT aam_version FROM anonymized_features_all")["aam_version"].to_pylist()
+    assert got == [v1]
+    rc, _, err = cli(capsys, "--store", str(store.root), "sql",
+                     f"SELECT count(*) FROM read_parquet('{store.root}/anonymized/{v2}/*.parquet')")
+    assert rc == 2 and "read-only" in err
+    assert pub.read_anonymized(store, v2).num_rows == 30  # the data engineer's path, outside the catalog
+
+
+def test_sql_says_why_the_current_table_is_empty(store, capsys):  # noqa: F811
+    v = publish(store, make_adapter(store), ["ar-000", "ar-001", "tad-000"], make_current=False)
+    pub.record_refusal(store, v, "leakage removed 0.037 < budget 0.5")
+    cat.build_catalog(store)
+    rc, out, err = cli(capsys, "--store", str(store.root), "sql", "SELECT count(*) AS n FROM anonymized_features")
+    assert rc == 0 and "0" in out
+    assert f"AAM version {v}" in err and "refused by the privacy budget" in err
+    assert "leakage removed 0.037 < budget 0.5" in err and "splavu publish" in err
+    rc, out, err = cli(capsys, "--store", str(store.root), "sql", "SELECT count(*) AS n FROM videos")
+    assert rc == 0 and err == ""  # no notice for queries that do not read it
+
+
+def test_object_store_connection_is_locked_down_too(tmp_path, monkeypatch):
+    """memory:// through the same fsspec path as s3://: the registered filesystem carries the store's write
+    credentials, so DuckDB's path check is what keeps analysts to the views' files."""
+    import uuid
+
+    from splavu_core.store import FeatureStore
+    from test_object_store import generation
+
+    monkeypatch.setenv("SPLAVU_CATALOG_DIR", str(tmp_path / "catalogs"))
+    store = FeatureStore(f"memory://ro-{uuid.uuid4().hex[:8]}/store")
+    store.write_shard("ar-000", generation(1), {"encoder_fingerprint": "fp"}, "h")
+    cat.build_catalog(store)
+    assert cat.query(store, "SELECT count(*) AS n FROM clips")["n"][0].as_py() == generation(1).index.num_rows
+    chunks = [k for k, _ in store.fs.walk("latents") if "/latents.zarr/clips/c/" in k]
+    for sql in (f"SELECT content FROM read_blob('{store.fs.duck_url(chunks[0])}')",
+                f"COPY (SELECT 1 AS x) TO '{store.fs.duck_url('manifests/x-999.parquet')}'"):
+        with pytest.raises(cat.CatalogError, match="read-only"):
+            cat.query(store, sql)
+    assert not store.fs.exists("manifests/x-999.parquet")
+
+
+def test_missing_catalog_fix_names_the_store(tmp_path, capsys):
+    rc, _, err = cli(capsys, "--store", str(tmp_path / "s"), "sql", "SELECT 1")
+    assert rc == 2 and f"splavu --store {tmp_path / 's'} publish" in err
