@@ -298,7 +298,7 @@ def cmd_sql(args) -> int:
 
 def cmd_neighbors(args) -> int:
     from splavu_core.catalog import format_table
-    from splavu_core.neighbors import Index, NeighborsError, neighbors
+    from splavu_core.neighbors import Index, NeighborsError, neighbors, refuse_if_refused
     from splavu_core.publish import current_version, read_versions
     from splavu_core.store import FeatureStore
 
@@ -308,6 +308,7 @@ def cmd_neighbors(args) -> int:
     version = args.version or current_version(store)
     index = None
     if version in read_versions(store)["version"].to_pylist():  # else neighbors() explains what is missing
+        refuse_if_refused(store, version)
         index = Index.open(store, version)
         if not index.from_index:
             print(f"note: AAM version {version} has no up-to-date neighbour index, so its Parquet tables were read "

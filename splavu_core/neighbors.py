@@ -37,7 +37,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .publish import _features, anonymized_key, current_version, published_shards, read_anonymized, read_versions
+from .publish import (_features, anonymized_key, current_version, published_shards, read_anonymized, read_versions,
+                      refused_versions)
 from .registry import dataset_of
 from .store import FeatureStore, StoreError
 
@@ -140,8 +141,10 @@ def prune_indexes(store: FeatureStore) -> list[str]:
 
 def refresh_indexes(store: FeatureStore) -> dict:
     """Write a missing or stale index for every recorded version with tables; prune the rest."""
-    written = []
+    written, refused = [], refused_versions(store)
     for v in read_versions(store)["version"].to_pylist():
+        if v in refused and v != current_version(store):  # a refused table is not for analysts: no index
+            continue
         if published_shards(store, v) and not _fresh(store, v):
             written.append(write_index(store, v)["version"])
     return {"written": written, "pruned": prune_indexes(store)}
@@ -214,6 +217,15 @@ class Index:
         return cand[top], scores[top]
 
 
+def refuse_if_refused(store: FeatureStore, version: str) -> None:
+    """A version the privacy budget refused stays out of analysts' reach, here as in the catalog."""
+    refused = refused_versions(store).get(version)
+    if refused and version != current_version(store):
+        raise NeighborsError(f"AAM version {version} was refused by the privacy budget ({refused['why']}): its table "
+                             f"is not for analysts. The data engineer inspects it outside the catalog "
+                             f"(publish.read_anonymized); train a version that passes, then `splavu publish`.")
+
+
 def neighbors(store: FeatureStore, video_id: str, k: int = 10, reduce: str = "mean", dataset: str | None = None,
               version: str | None = None, index: Index | None = None) -> pa.Table:
     """The k clips of `version`'s anonymized table (default: the current one) most cosine-similar to the mean
@@ -231,6 +243,7 @@ def neighbors(store: FeatureStore, video_id: str, k: int = 10, reduce: str = "me
             raise NeighborsError(f"AAM version {version!r} is not recorded in {store.root} (known: {known or 'none'})")
         index = Index.open(store, version)
     version = index.version
+    refuse_if_refused(store, version)
     own = index.rows_of(video_id, dataset)
     if len(own) == 0:
         raise NeighborsError(explain_missing_video(store, video_id, dataset, version))
@@ -281,10 +294,11 @@ def explain_no_current(store: FeatureStore) -> str:
         return (f"no AAM version in {store.root}, so there is no anonymized table to search: "
                 f"run `splavu train`, then `splavu publish`")
     newest = status[0].split(" ", 1)[0]
+    meanwhile = (f"a refused version's table is not for analysts" if newest in refused_versions(store)
+                 else f"meanwhile search a version explicitly: --version {newest}")
     return (f"no AAM version is current, so the current anonymized table is empty. Versions: {'; '.join(status)}. "
             f"It fills when a version is published to every shard and passes the privacy budget (train a stronger "
-            f"AAM, or set $SPLAVU_PRIVACY_BUDGET, then `splavu publish`); meanwhile search a version explicitly: "
-            f"--version {newest}")
+            f"AAM, or set $SPLAVU_PRIVACY_BUDGET, then `splavu publish`); {meanwhile}")
 
 
 def explain_missing_video(store: FeatureStore, video_id: str, dataset: str | None, version: str) -> str:

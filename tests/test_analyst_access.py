@@ -115,5 +115,6 @@ def test_object_store_connection_is_locked_down_too(tmp_path, monkeypatch):
 
 
 def test_missing_catalog_fix_names_the_store(tmp_path, capsys):
+    (tmp_path / "s").mkdir()  # a store folder without a catalog (a missing folder is refused before, see walkthrough)
     rc, _, err = cli(capsys, "--store", str(tmp_path / "s"), "sql", "SELECT 1")
     assert rc == 2 and f"splavu --store {tmp_path / 's'} publish" in err

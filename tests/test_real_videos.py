@@ -63,7 +63,8 @@ def mixed_dataset(tmp_path):
 
 def test_mixed_resolutions_rates_and_containers_extract_in_one_shard(mixed_dataset, tiny_videomae, tmp_path):
     inst, store = dg.DagsterInstance.ephemeral(), tmp_path / "store"
-    (key,) = ingest(inst, StoreResource(root=str(store)), "mixed", str(mixed_dataset / "manifest.csv"), 64)
+    (key,) = ingest(inst, StoreResource(root=str(store)), "mixed", str(mixed_dataset / "manifest.csv"), 64,
+                    roles="ar")  # a training role: its train videos get static clips too
     assert run(inst, store, key, tiny_videomae).success
     data = FeatureStore(store).read_shard(key)
     q = {r["video_id"]: r["error"] for r in data.quarantine.to_pylist()}

@@ -22,8 +22,9 @@ def test_roles_are_recorded_and_default_to_the_demo_names(tiny_bench, tmp_path):
     assert (regs["ar"]["roles"], regs["ar"]["static_clips"]) == (["ar"], True)
     assert (regs["faces"]["roles"], regs["faces"]["static_clips"]) == (["privacy"], False)
     assert regs["walks"]["roles"] == []
+    # the synthetic gait set carries attr_* labels (evaluation only), so privacy evaluation is suggested too
     assert describe_registration(regs["walks"]).startswith("roles: none, so no task reads it; its columns could "
-                                                           "serve ar, gait: re-run with --roles ar,gait")
+                                                           "serve ar, gait, privacy: re-run with --roles ar,gait,privacy")
     found = task_datasets(store)
     assert found["ar"] == "ar" and found["privacy"] == "faces" and found["gait"] == "(no dataset with role gait)"
     register_dataset(store, "more_faces", bench / "privacy" / "manifest.csv", roles="privacy")
