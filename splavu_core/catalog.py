@@ -244,9 +244,11 @@ def _shard_files(store: FeatureStore, name: str) -> str | list[str]:
 def _create_views(con, store: FeatureStore, version: str | None, dim: int | None) -> dict:
     files = {}
     s = SHARD_FROM_FILE
+    # attr_* are private-attribute ground truth (evaluation only): never in an analyst's view
     files["videos"] = _parquet_view(
         con, "videos", store, "manifests/*.parquet",
-        f"SELECT {_dataset_sql(s)} AS dataset, {s} AS shard, * EXCLUDE (filename) FROM {{src}}",
+        f"SELECT {_dataset_sql(s)} AS dataset, {s} AS shard, "
+        f"COLUMNS(lambda c: c <> 'filename' AND NOT starts_with(c, 'attr_')) FROM {{src}}",
         _empty_select(VIDEOS_SCHEMA, ("dataset", "shard")))
     s = SHARD_FROM_DIR
     files["clips"] = _parquet_view(
