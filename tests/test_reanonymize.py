@@ -29,7 +29,8 @@ from splavu_core import publish as pub
 from splavu_core import catalog as cat
 
 REPO = Path(__file__).resolve().parents[1]
-AAM = {"epochs": 2, "batch": 64, "layers": 1, "heads": 2, "sub_tokens": 4, "token_width": 16, "lr": 1e-2}
+AAM = {"epochs": 2, "batch": 64, "layers": 1, "heads": 2, "sub_tokens": 4, "token_width": 16, "lr": 1e-2,
+       "diagnose_steps": 30}  # tiny: the diagnostic critics need not converge for these tests
 
 
 def refuse(*a, **k):
