@@ -21,7 +21,21 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .losses import info_nce
+
 KINDS = ("static_static", "static_action")
+
+
+class PairCritic(nn.Module):
+    """Projects a clip so that two clips of the same video match (trained with InfoNCE): the diagnostics'
+    fresh critic, and the learned critic of the training objective."""
+
+    def __init__(self, dim: int, hidden: int = 256):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, 64))
+
+    def logits(self, a: torch.Tensor, b: torch.Tensor, temperature: float = 0.1) -> torch.Tensor:  # (N, D) x2 -> (N, N)
+        return F.normalize(self.net(a), dim=1) @ F.normalize(self.net(b), dim=1).T / temperature
 
 
 def _pairs(static: np.ndarray, actions: Sequence[np.ndarray] | None, kind: str, rng: np.random.Generator):
@@ -53,17 +67,14 @@ def critic_pair_matching(static: np.ndarray, actions: Sequence[np.ndarray] | Non
     sub = lambda idx: (st[idx], None if ac is None else [ac[i] for i in idx])          # noqa: E731
 
     D = static.shape[-1]
-    critic = nn.Sequential(nn.Linear(D, hidden), nn.ReLU(), nn.Linear(hidden, 64))
+    critic = PairCritic(D, hidden)
     opt = torch.optim.AdamW(critic.parameters(), lr=1e-3)
     tr_static, tr_actions = sub(train_idx)
     batch = min(256, len(train_idx))
     for _ in range(steps):
         pick = rng.choice(len(train_idx), size=batch, replace=False)
         a, b = _pairs(tr_static[pick], None if tr_actions is None else [tr_actions[i] for i in pick], kind, rng)
-        za, zb = F.normalize(critic(norm(a)), dim=1), F.normalize(critic(norm(b)), dim=1)
-        logits = za @ zb.T / 0.1                                                       # (B, B)
-        target = torch.arange(len(pick))
-        loss = (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target)) / 2
+        loss = info_nce(critic.logits(norm(a), norm(b)))                              # (B, B) logits
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -73,7 +84,7 @@ def critic_pair_matching(static: np.ndarray, actions: Sequence[np.ndarray] | Non
         for _ in range(rounds):
             pick = rng.choice(len(test_idx), size=group, replace=False)
             a, b = _pairs(te_static[pick], None if te_actions is None else [te_actions[i] for i in pick], kind, rng)
-            sim = F.normalize(critic(norm(a)), dim=1) @ F.normalize(critic(norm(b)), dim=1).T
+            sim = critic.logits(norm(a), norm(b))
             hits.append((sim.argmax(1) == torch.arange(group)).float().mean().item())
     return float(np.mean(hits))
 

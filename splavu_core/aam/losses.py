@@ -34,3 +34,15 @@ def latent_consistency(h: torch.Tensor, h_anon: torch.Tensor, mask: torch.Tensor
         f"mask must be bool {tuple(h.shape[:-1])}, got {mask.dtype} {tuple(mask.shape)}"
     diff = torch.where(mask[..., None], h_anon - h, 0.0)  # where() before squaring: NaN padding stays out of grads too
     return diff.pow(2).sum() / (mask.sum().clamp(min=1) * h.shape[-1])
+
+
+def info_nce(logits: torch.Tensor) -> torch.Tensor:
+    """Symmetric InfoNCE of an (N, N) pair-matching logit matrix whose diagonal holds the true pairs."""
+    target = torch.arange(len(logits), device=logits.device)
+    return (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target)) / 2
+
+
+def confusion(logits: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of a critic's matching against the uniform guess (minimum log N: nothing to match).
+    Bounded, unlike maximising the critic's loss, which a confidently *wrong* (still informative) match satisfies."""
+    return -(F.log_softmax(logits, 1).mean() + F.log_softmax(logits, 0).mean()) / 2

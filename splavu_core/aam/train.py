@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from ..features import VideoFeatures
 from ..heads import (ADHead, ARHead, TADHead, ad_mil_loss, ad_segments, pad_sequences, stack_tad_targets,
                      tad_loss, tad_targets)
-from .losses import nt_xent
+from .diagnostics import PairCritic, heldout_split, pair_matching_report
+from .losses import confusion, info_nce, nt_xent
 from .model import AAMConfig, AnonymizingAdapter
 
 TASKS = ("ar", "tad", "ad")
@@ -185,28 +186,6 @@ def ad_loss(ad_head, videos, adapter, gen, batch=16):
     return ad_mil_loss(scores, labels)
 
 
-class PairCritic(nn.Module):
-    """A learned critic: projects a clip so that two clips of the same video match (InfoNCE)."""
-
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, 64))
-
-    def logits(self, a: torch.Tensor, b: torch.Tensor, temperature: float) -> torch.Tensor:  # (N, D) x2 -> (N, N)
-        return F.normalize(self.net(a), dim=1) @ F.normalize(self.net(b), dim=1).T / temperature
-
-
-def _info_nce(logits: torch.Tensor) -> torch.Tensor:
-    target = torch.arange(len(logits))
-    return (F.cross_entropy(logits, target) + F.cross_entropy(logits.T, target)) / 2
-
-
-def _confusion(logits: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy of the critic's matching against the uniform guess (minimum log N: nothing to match).
-    Bounded, unlike maximising the critic's loss, which a confidently *wrong* (still informative) match satisfies."""
-    return -(F.log_softmax(logits, 1).mean() + F.log_softmax(logits, 0).mean()) / 2
-
-
 class PairSampler:
     """Pairs of one video for the privacy term, from the training (not held-out) static-bearing videos."""
 
@@ -217,7 +196,7 @@ class PairSampler:
         self.kinds = ("static_static", "static_action") if kind == "both" else (kind,)
         if self.actions is None or any(len(a) == 0 for a in self.actions):
             self.kinds = ("static_static",)
-        self.gen, self.fit_idx = gen, fit_idx
+        self.gen = gen
 
     def sample(self, n: int):
         """(a, b, video rows): (n, D), (n, D), (n,) indices into the fit videos."""
@@ -257,8 +236,6 @@ def _fit_erasure_into(adapter, data: TrainingData, fit_idx: np.ndarray, cfg: Tra
 
 
 def _diagnose(adapter, data: TrainingData, fit_idx, held_idx, seed: int, steps: int) -> dict:
-    from .diagnostics import pair_matching_report
-
     def transform(x):
         with torch.no_grad():
             return adapter(torch.from_numpy(np.ascontiguousarray(x, np.float32))).numpy()
@@ -268,7 +245,7 @@ def _diagnose(adapter, data: TrainingData, fit_idx, held_idx, seed: int, steps: 
     out = pair_matching_report(data.static, data.static_actions, fit_idx, held_idx,
                                transform=transform, seed=seed, steps=steps)
     adapter.train(was)
-    return {k: round(v, 4) for k, v in out.items()}
+    return _round(out)
 
 
 def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[AnonymizingAdapter, AAMConfig, dict]:
@@ -276,8 +253,6 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
 
     summary["diagnostics"]: fresh-critic pair matching on held-out videos before (raw) and after the adapter,
     during training and for the selected adapter (aam.diagnostics)."""
-    from .diagnostics import heldout_split, pair_matching_report
-
     check_data(data, cfg)
     if cfg.oracle and data.attributes is None:
         raise TrainingDataError("the oracle variant needs private-attribute labels (load_oracle_labels); "
@@ -403,14 +378,14 @@ def _privacy_term(adapter, critic, opt_critic, a, b, cfg: TrainConfig) -> torch.
     if critic is None:
         return nt_xent(za, zb, cfg.temperature)
     for _ in range(cfg.critic_steps):                                # the critic catches up on detached outputs
-        loss_c = _info_nce(critic.logits(za.detach(), zb.detach(), cfg.temperature))
+        loss_c = info_nce(critic.logits(za.detach(), zb.detach(), cfg.temperature))
         opt_critic.zero_grad()
         loss_c.backward()
         opt_critic.step()
     critic.last_match_loss = loss_c.detach()
     for p in critic.parameters():                                    # only the adapter learns from the confusion
         p.requires_grad_(False)
-    conf = _confusion(critic.logits(za, zb, cfg.temperature))
+    conf = confusion(critic.logits(za, zb, cfg.temperature))
     for p in critic.parameters():
         p.requires_grad_(True)
     return conf

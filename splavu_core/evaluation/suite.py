@@ -471,10 +471,9 @@ def privacy_budget_measure(store: FeatureStore, version: str, dataset: str = "pr
         except _Unmeasurable as e:  # e.g. a user's action set without attr_* labels: say so, gate on close-ups
             clips = {"skipped": str(e)}
     measured = [("closeups", closeups)] + ([("clips", clips)] if "skipped" not in clips else [])
-    weaker_name, weaker = min(measured, key=lambda nm: -1.0 if nm[1]["leakage_removed"] is None else
-                              nm[1]["leakage_removed"])
-    if any(m["leakage_removed"] is None for _, m in measured):  # at chance raw: the verdict decides per set below
-        weaker_name, weaker = next((nm for nm in measured if nm[1]["leakage_removed"] is not None), measured[0])
+    # the top level reports the weaker set; a set whose raw features are at chance has no share to compare
+    scored = [nm for nm in measured if nm[1]["leakage_removed"] is not None]
+    weaker_name, weaker = min(scored, key=lambda nm: nm[1]["leakage_removed"]) if scored else measured[0]
     measure = {**weaker, "version": version, "weaker": weaker_name, "closeups": closeups, "clips": clips}
     store.fs.write_json(cache, {"key": key, "measure": measure, "created_at": _now().isoformat()})
     return {**measure, "cached": False}
