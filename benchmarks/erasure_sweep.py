@@ -16,13 +16,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from splavu_core.aam.diagnostics import heldout_split, pair_matching_report  # noqa: E402
-from splavu_core.aam.erasure import apply_erasure, fit_erasure  # noqa: E402
-from splavu_core.aam.train import load_training_data  # noqa: E402
+from splavu_core.aam.erasure import apply_erasure  # noqa: E402
+from splavu_core.aam.train import fit_appearance_erasure, load_training_data  # noqa: E402
 from splavu_core.evaluation.suite import (RAW, derived_rows, evaluate_feature_set, load_feature_sets,  # noqa: E402
                                           metric_value)
 from splavu_core.store import FeatureStore  # noqa: E402
@@ -48,9 +47,6 @@ def main():
     fs = FeatureStore(args.store)
     data = load_training_data(fs)
     fit_idx, held_idx = heldout_split(len(data.static), 0.2, args.seed)
-    clips = np.concatenate([v.feats for v in data.ar_train])
-    labels = np.concatenate([[v.meta["action"]] * len(v.feats) for v in data.ar_train])
-    videos = [v.feats for v in data.ar_train + data.tad_train + data.ad_train]
     sets = load_feature_sets(fs, args.tasks, "raw")
     kw = {t: {"seed": args.seed} for t in ("ar", "tad", "ad", "privacy")}
     raw_rows = evaluate_feature_set(sets, RAW, None, which=args.tasks, probe_kwargs=kw)
@@ -60,7 +56,7 @@ def main():
     for rank in args.ranks:
         for wt in args.w_temporal:
             t0 = time.perf_counter()
-            fit = fit_erasure(data.static[fit_idx], rank, clips, labels, video_clips=videos, w_temporal=wt)
+            fit = fit_appearance_erasure(data, fit_idx, rank, w_temporal=wt)
             erased = {d: [dataclasses.replace(v, feats=apply_erasure(fit, v.feats)) for v in vs] for d, vs in sets.items()}
             rows = evaluate_feature_set(erased, f"erasure_{rank}", None, which=args.tasks, probe_kwargs=kw)
             rows = list(rows) + derived_rows(raw_rows, rows)

@@ -213,17 +213,24 @@ class PairSampler:
         return a, b, vids
 
 
-def _fit_erasure_into(adapter, data: TrainingData, fit_idx: np.ndarray, cfg: TrainConfig, log) -> dict:
+def fit_appearance_erasure(data: TrainingData, fit_idx: np.ndarray, rank: int, w_action: float = 1.0,
+                           w_temporal: float = 0.0):
+    """The erasure as aam_model fits it: the fit videos' static clips against the AR classes' spread
+    (and, with w_temporal, the training videos' within-video spread). Returns an erasure.ErasureFit."""
     from .erasure import fit_erasure
 
-    rank = adapter.cfg.erase_rank
     clips = labels = None
-    if data.ar_train and cfg.erase_w_action > 0:
+    if data.ar_train and w_action > 0:
         clips = np.concatenate([v.feats for v in data.ar_train])
         labels = np.concatenate([[v.meta["action"]] * len(v.feats) for v in data.ar_train])
     videos = [v.feats for v in data.ar_train + data.tad_train + data.ad_train]
-    fit = fit_erasure(data.static[fit_idx], rank, clips, labels, w_action=cfg.erase_w_action,
-                      video_clips=videos, w_temporal=cfg.erase_w_temporal)
+    return fit_erasure(data.static[fit_idx], rank, clips, labels, w_action=w_action, video_clips=videos,
+                       w_temporal=w_temporal)
+
+
+def _fit_erasure_into(adapter, data: TrainingData, fit_idx: np.ndarray, cfg: TrainConfig, log) -> dict:
+    rank = adapter.cfg.erase_rank
+    fit = fit_appearance_erasure(data, fit_idx, rank, cfg.erase_w_action, cfg.erase_w_temporal)
     with torch.no_grad():
         adapter.erase.mean.copy_(torch.from_numpy(fit.mean))
         adapter.erase.read.copy_(torch.from_numpy(fit.read))
