@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -39,12 +40,13 @@ def cmd_synth(args) -> int:
     from splavu_core.synth.datasets import DATASETS, generate, plan
 
     names = args.datasets or list(DATASETS)
-    total = sum(len(plan(args.scale, args.seed)[n]) for n in names)
+    total = sum(len(plan(args.scale, args.seed, args.benchmark)[n]) for n in names)
     t0 = time.perf_counter()
     with tqdm(total=total, desc="rendering + encoding", unit="video", disable=args.quiet) as bar:
         summary = generate(args.out, args.scale, args.seed, workers=args.workers, datasets=names,
-                           progress=lambda _: bar.update())
-    print(f"synthetic benchmark ({args.scale}, seed {args.seed}) in {args.out}  [{time.perf_counter() - t0:.0f} s]")
+                           progress=lambda _: bar.update(), benchmark=args.benchmark)
+    print(f"synthetic benchmark {args.benchmark} ({args.scale}, seed {args.seed}) in {args.out}  "
+          f"[{time.perf_counter() - t0:.0f} s]")
     print(f"{'dataset':10s} {'videos':>7s} {'clips':>7s} {'frames':>8s}  splits")
     for name, s in summary.items():
         print(f"{name:10s} {s['videos']:7d} {s['clips']:7d} {s['frames']:8d}  {json.dumps(s['splits'])}")
@@ -238,10 +240,12 @@ def cmd_demo(args) -> int:
 
     data = Path(args.data)
     t0 = time.perf_counter()
-    if not (data / "gait" / "manifest.csv").is_file() or args.regenerate:
-        print("1/6 synthesising the benchmark")
-        cmd_synth(argparse.Namespace(out=str(data), scale=args.scale, seed=args.seed, workers=None,
-                                     datasets=None, quiet=False))
+    if args.regenerate:  # only the benchmark's own dataset folders
+        for name in DATASETS:
+            shutil.rmtree(data / name, ignore_errors=True)
+    print("1/6 synthesising the benchmark (only videos not already there)")
+    cmd_synth(argparse.Namespace(out=str(data), scale=args.scale, seed=args.seed, workers=None,
+                                 datasets=None, quiet=False, benchmark=args.benchmark))
     store = StoreResource(root=_store_root(args))
     inst = instance()
     keys = []
@@ -333,6 +337,8 @@ def cmd_fail_run(args) -> int:
 
 
 def main(argv=None) -> int:
+    from splavu_core.synth.datasets import BENCHMARKS, DEFAULT_BENCHMARK
+
     ap = argparse.ArgumentParser(prog="splavu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", help="store root (default $SPLAVU_STORE or ./store)")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -343,6 +349,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--workers", type=int)
     p.add_argument("--datasets", nargs="*")
+    p.add_argument("--benchmark", default=DEFAULT_BENCHMARK, choices=sorted(BENCHMARKS),
+                   help="v2 (default): adds hand-object interaction actions; v1: motion-only actions")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_synth)
 
@@ -394,6 +402,7 @@ def main(argv=None) -> int:
     p.add_argument("--scale", default="demo", choices=["tiny", "demo", "large"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shard-size", type=int, default=256)
+    p.add_argument("--benchmark", default=DEFAULT_BENCHMARK, choices=sorted(BENCHMARKS))
     p.add_argument("--regenerate", action="store_true")
     p.set_defaults(fn=cmd_demo)
 
@@ -445,11 +454,12 @@ def _expected_error(e: BaseException) -> BaseException | None:
     import dagster as dg
 
     from splavu_core.aam.train import TrainingDataError
+    from splavu_core.synth.datasets import BenchmarkMismatch
 
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, (ManifestError, StoreError, PixelError, TrainingDataError, dg.Failure)):
+        if isinstance(e, (ManifestError, StoreError, PixelError, TrainingDataError, BenchmarkMismatch, dg.Failure)):
             return e
         e = getattr(e, "user_exception", None) or e.__cause__
     return None

@@ -5,7 +5,7 @@ import pytest
 
 from splavu_core.manifest import load_manifest
 from splavu_core.synth.datasets import CLIP_LEN, DATASETS, BIAS_ACTION, generate, plan, render_plan
-from splavu_core.synth.figure import ACTIONS, PRIVATE_ATTRIBUTES
+from splavu_core.synth.figure import ACTIONS, ACTIONS_V2, PRIVATE_ATTRIBUTES
 from splavu_core.video import DecordVideo
 
 
@@ -52,7 +52,7 @@ def test_decord_round_trip_matches_rendered_frames(tiny_bench):
 def test_labels_are_consistent(tiny_bench):
     root, _ = tiny_bench
     ar = load_manifest(root / "ar" / "manifest.csv")
-    assert {r["action"] for r in ar.rows} == set(ACTIONS)
+    assert {r["action"] for r in ar.rows} == set(ACTIONS_V2)  # the default benchmark, v2
     assert all(r["split"] in ("train", "val", "test") for r in ar.rows)
     # AR subjects are disjoint across splits (cross-subject protocol)
     subj = {s: {r["subject_id"] for r in ar.rows if r["split"] == s} for s in ("train", "val", "test")}
@@ -66,7 +66,7 @@ def test_labels_are_consistent(tiny_bench):
         v = DecordVideo(root / "tad" / r["path"])
         assert 1 <= len(r["segments"]) <= 4
         for s, e, label in r["segments"]:
-            assert label in ACTIONS and 0 <= s < e <= v.info.n_frames / v.info.fps
+            assert label in ACTIONS_V2 and 0 <= s < e <= v.info.n_frames / v.info.fps
     ad = load_manifest(root / "ad" / "manifest.csv")
     assert {r["anomaly"] for r in ad.rows} == {0, 1}
     assert all((r["anomaly"] == 1) == bool(r["anomaly_intervals"]) for r in ad.rows)
@@ -106,3 +106,100 @@ def test_gait_walks_share_body_and_gait_but_not_clothes():
 def test_unknown_scale_is_refused():
     with pytest.raises(ValueError, match="unknown scale"):
         plan("huge", 0)
+
+
+# ---------------------------------------------------------------- benchmark versions
+# Digests taken from the code before benchmark versions existed: v1 must keep its bytes.
+V1_FRAMES = {"ar": ("f1dff76b374f52ea", "1ebc42c1087a1bb7"), "privacy": ("61aca763d7476276", "ab82f4309abe18ac"),
+             "tad": ("03479158c6782d30", "8ec209c456eb915c"), "ad": ("78fef7a1fcd66139", "880279c5e15c1eab"),
+             "bias_f": ("bbfd5ee59b5e6218", "df974343e1d5c236"), "gait": ("76ae4014d5121fcc", "41ead613fb919404")}
+V1_MANIFESTS = {"ar": "81ab01d0853b2cca", "tad": "68aea198b5c5d74f", "ad": "33059014382b562a",
+                "bias_f": "ccdc80a4deadd604", "gait": "c6a8879e15d8da8f", "privacy": "1f5b8cb4db245351"}
+
+
+def _sha(b: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(b).hexdigest()[:16]
+
+
+def test_v1_still_renders_the_bytes_it_did_before_v2():
+    import json
+
+    from splavu_core.synth.datasets import manifest_rows
+
+    plans = plan("tiny", 0, "v1")
+    for name, (frames_sha, masks_sha) in V1_FRAMES.items():
+        frames, masks = render_plan(plans[name][1], with_masks=True)
+        assert (_sha(frames.tobytes()), _sha(masks.tobytes())) == (frames_sha, masks_sha), name
+    for name, sha in V1_MANIFESTS.items():
+        assert _sha(json.dumps(manifest_rows(plans[name])).encode()) == sha, name
+
+
+def test_v2_is_the_default_and_adds_interactions_to_every_action_dataset():
+    from splavu_core.synth.datasets import BENCHMARKS, DEFAULT_BENCHMARK
+    from splavu_core.synth.figure import ACTIONS_V2, INTERACTIONS
+
+    assert DEFAULT_BENCHMARK == "v2"
+    v1, v2 = plan("tiny", 0, "v1"), plan("tiny", 0)
+    assert {p.row["action"] for p in v2["ar"]} == set(ACTIONS_V2) and {p.row["action"] for p in v1["ar"]} == set(ACTIONS)
+    for name in ("ar", "bias_f", "bias_m"):
+        assert set(INTERACTIONS) <= {a for p in v2[name] for a, _, _ in p.timeline}
+    used = {a for p in v2["tad"] + v2["ad"] for a, _, _ in p.timeline}
+    assert used & set(INTERACTIONS) and not ({a for p in v1["tad"] + v1["ad"] for a, _, _ in p.timeline} & set(INTERACTIONS))
+    assert set(BENCHMARKS["v2"]["normal"]) & set(INTERACTIONS)  # anomalies stay the v1 ones
+    # close-ups and gait walks do not change between versions
+    for name in ("privacy", "gait"):
+        assert [render_plan(p).tobytes() for p in v1[name][:2]] == [render_plan(p).tobytes() for p in v2[name][:2]]
+
+
+def test_drink_eat_phone_share_one_motion_and_differ_only_inside_the_person_region():
+    from splavu_core.synth.figure import pose, random_actor
+    from splavu_core.synth.render import render
+
+    actor = random_actor(np.random.default_rng(3))
+    t = np.arange(32) / 16
+    poses = [pose(a, t, actor, 1.0, 0.4) for a in ("drink", "eat", "phone")]
+    assert np.array_equal(poses[0], poses[1]) and np.array_equal(poses[0], poses[2])
+    assert np.ptp(poses[0][:, 3]) > 1.0  # the right shoulder really moves (hand up to the face)
+    renders = [render(actor, [(a, 0, 32)], 32, np.random.default_rng(9), with_masks=True)
+               for a in ("drink", "eat", "phone")]
+    (f0, m0) = renders[0]
+    for f, m in renders[1:]:
+        differ = (f.astype(int) - f0.astype(int)).any(-1)                       # (T, H, W)
+        assert differ.any(), "the objects must be visible"
+        assert not (differ & ~(m | m0)).any(), "drink/eat/phone may differ only inside the person region"
+    # at the face, the object covers part of the person and lies inside the person's box, as in real footage
+    from PIL import Image
+
+    from splavu_core.synth.figure import Prop, draw_actor
+
+    q = poses[0][np.argmax(poses[0][:, 3] < -0.5)]                              # a frame with the hand up
+    def silhouette(prop):
+        img = Image.new("RGB", (112, 112))
+        draw_actor(img, actor, q, (56, 70), 90.0, prop)
+        return np.asarray(img).any(-1)
+    body, with_cup = silhouette(None), silhouette(Prop("cup", (238, 238, 242)))
+    img_body, img_cup = Image.new("RGB", (112, 112), (0, 0, 255)), Image.new("RGB", (112, 112), (0, 0, 255))
+    draw_actor(img_body, actor, q, (56, 70), 90.0)
+    draw_actor(img_cup, actor, q, (56, 70), 90.0, Prop("cup", (238, 238, 242)))
+    cup = (np.asarray(img_body).astype(int) != np.asarray(img_cup)).any(-1)
+    ys, xs = np.nonzero(body)
+    inside_box = cup[ys.min():ys.max() + 1, xs.min():xs.max() + 1].sum()
+    assert (cup & body).sum() > 0.3 * cup.sum(), "the cup must cover the person"
+    assert inside_box == cup.sum() and (with_cup >= body).all()
+
+
+def test_a_folder_of_another_benchmark_is_refused_not_mixed(tmp_path):
+    from splavu_core.synth.datasets import BenchmarkMismatch
+
+    generate(tmp_path, "tiny", seed=0, workers=1, datasets=("gait",), benchmark="v1")
+    before = sorted(p.name for p in (tmp_path / "gait" / "videos").iterdir())
+    with pytest.raises(BenchmarkMismatch, match=r"gait holds benchmark .*'v1'.*not .*'v2'"):
+        generate(tmp_path, "tiny", seed=0, workers=1, datasets=("gait",))
+    with pytest.raises(BenchmarkMismatch, match="seed"):
+        generate(tmp_path, "tiny", seed=1, workers=1, datasets=("gait",), benchmark="v1")
+    assert sorted(p.name for p in (tmp_path / "gait" / "videos").iterdir()) == before
+    (tmp_path / "gait" / "benchmark.json").unlink()  # a folder written before versions existed
+    with pytest.raises(BenchmarkMismatch, match="no benchmark.json"):
+        generate(tmp_path, "tiny", seed=0, workers=1, datasets=("gait",), benchmark="v1")

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from ..masks import mask_path, write_masks
-from .figure import ACTIONS, PRIVATE_ATTRIBUTES, Actor, random_actor
+from .figure import ACTIONS, ACTIONS_V2, PRIVATE_ATTRIBUTES, Actor, random_actor
 from .render import FPS, render, random_shot
 
 CLIP_LEN = 16
@@ -23,6 +23,12 @@ NORMAL_ACTIVITY = ("walk_left", "walk_right", "wave", "clap", "squat", "turn")
 ANOMALIES = ("fall", "kick", "punch", "jump")
 BIAS_ACTION = "clap"
 DATASETS = ("ar", "privacy", "tad", "ad", "bias_f", "bias_m", "gait")
+# v1: ten motion-only actions. v2 (default): plus five hand-object interactions that need the person's
+# interior (figure.INTERACTIONS); privacy close-ups and gait walks are the same in both.
+BENCHMARKS = {"v1": dict(actions=ACTIONS, normal=NORMAL_ACTIVITY),
+              "v2": dict(actions=ACTIONS_V2, normal=NORMAL_ACTIVITY + ("drink", "phone", "read"))}
+DEFAULT_BENCHMARK = "v2"
+STAMP = "benchmark.json"
 
 # per scale: videos per split (AR: per action), and actor pools
 SCALES = {
@@ -53,11 +59,13 @@ class VideoPlan:
         return f"videos/{self.video_id}.mp4"
 
 
-def plan(scale: str, seed: int) -> dict[str, list[VideoPlan]]:
-    """Every video of every dataset, with labels; deterministic in (scale, seed)."""
+def plan(scale: str, seed: int, benchmark: str = DEFAULT_BENCHMARK) -> dict[str, list[VideoPlan]]:
+    """Every video of every dataset, with labels; deterministic in (scale, seed, benchmark)."""
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r}; choose one of {sorted(SCALES)}")
-    cfg = SCALES[scale]
+    if benchmark not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {benchmark!r}; choose one of {sorted(BENCHMARKS)}")
+    cfg = {**SCALES[scale], **BENCHMARKS[benchmark]}
     out = {}
     for code, name in enumerate(DATASETS):
         rng = np.random.default_rng([seed, code, 0])
@@ -82,7 +90,7 @@ def _actor_pools(rng, sizes):
 def _plan_ar(name, cfg, rng, base):
     pools, plans = _actor_pools(rng, cfg["ar_actors"]), []
     for split, per_action in zip(("train", "val", "test"), cfg["ar"]):
-        for action in ACTIONS:
+        for action in cfg["actions"]:
             for _ in range(per_action):
                 a = int(rng.integers(len(pools[split])))
                 n = CLIP_LEN * int(rng.integers(2, 4))
@@ -130,7 +138,7 @@ def _plan_tad(name, cfg, rng, base):
         for _ in range(n):
             i = len(plans)
             n_frames = int(rng.integers(lo // CLIP_LEN, hi // CLIP_LEN + 1)) * CLIP_LEN
-            timeline = _timeline(rng, n_frames, int(rng.integers(1, 5)), ACTIONS, 24, 56)
+            timeline = _timeline(rng, n_frames, int(rng.integers(1, 5)), cfg["actions"], 24, 56)
             segs = [[round(a / FPS, 4), round(b / FPS, 4), act] for act, a, b in timeline]
             actor = pools[split][int(rng.integers(len(pools[split])))]
             plans.append(VideoPlan(name, f"{name}_{i:05d}", split, actor, timeline, n_frames, _key(base, i),
@@ -145,7 +153,7 @@ def _plan_ad(name, cfg, rng, base):
         for j in range(n):
             i = len(plans)
             n_frames = int(rng.integers(lo // CLIP_LEN, hi // CLIP_LEN + 1)) * CLIP_LEN
-            timeline = _timeline(rng, n_frames, int(rng.integers(2, 6)), NORMAL_ACTIVITY, 24, 64)
+            timeline = _timeline(rng, n_frames, int(rng.integers(2, 6)), cfg["normal"], 24, 64)
             anomalous = j % 2 == 1
             intervals = []
             if anomalous:  # replace one or two normal segments by anomalies
@@ -165,7 +173,7 @@ def _plan_bias(name, cfg, rng, base):
     favoured_female = name == "bias_f"
     plans = []
     for split, per_action in zip(("train", "test"), cfg["bias"]):
-        for action in ACTIONS:
+        for action in cfg["actions"]:
             for k in range(per_action):
                 if split == "test":
                     female = k % 2 == 0
@@ -232,21 +240,43 @@ def manifest_rows(plans: list[VideoPlan]) -> list[dict]:
             for p in plans]
 
 
-def generate(out: str | os.PathLike, scale: str = "demo", seed: int = 0, workers: int | None = None,
-             datasets=DATASETS, progress=None) -> dict[str, dict]:
-    """Write each dataset to `out/<name>/` (videos, their person masks, manifest.csv). Returns a summary per dataset.
+class BenchmarkMismatch(ValueError):
+    """A folder already holds another benchmark: keeping its videos would mix two worlds."""
 
-    Existing videos are kept (same seed, same bytes); only what is missing is rendered."""
+
+def _check_stamp(root: Path, want: dict) -> None:
+    stamp = root / STAMP
+    if stamp.exists():
+        have = json.loads(stamp.read_text())
+        if have != want:
+            raise BenchmarkMismatch(f"{root} holds benchmark {have}, not {want}: its videos would be kept; "
+                                    f"write to another folder or remove {root}")
+    elif (root / "manifest.csv").exists():
+        raise BenchmarkMismatch(f"{root} has videos but no {STAMP} (written before benchmark versions, i.e. v1 "
+                                f"at its scale and seed): write to another folder or remove {root}")
+
+
+def generate(out: str | os.PathLike, scale: str = "demo", seed: int = 0, workers: int | None = None,
+             datasets=DATASETS, progress=None, benchmark: str = DEFAULT_BENCHMARK) -> dict[str, dict]:
+    """Write each dataset to `out/<name>/` (videos, their person masks, manifest.csv, benchmark.json).
+    Returns a summary per dataset.
+
+    Existing videos are kept (same benchmark and seed, same bytes); only what is missing is rendered. A
+    folder stamped with another benchmark, scale or seed is refused rather than mixed."""
     import csv
 
     out = Path(out)
-    plans = plan(scale, seed)
+    plans = plan(scale, seed, benchmark)
+    want = {"benchmark": benchmark, "scale": scale, "seed": seed}
+    for name in datasets:
+        _check_stamp(out / name, want)
     workers = workers or min(4, os.cpu_count() or 1)
     summary = {}
     jobs = []
     for name in datasets:
         root = out / name
         (root / "videos").mkdir(parents=True, exist_ok=True)
+        (root / STAMP).write_text(json.dumps(want) + "\n")
         jobs += [(p, root) for p in plans[name] if _missing(p, root)]
     if workers > 1 and len(jobs) > 8:
         with ProcessPoolExecutor(workers) as ex:

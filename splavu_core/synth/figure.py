@@ -1,8 +1,11 @@
 """Articulated actors: appearance (private, static) and motion (utility, temporal).
 
 An actor's private attributes are fixed and spatial (skin, hair/body shape, clothes, face,
-hat, scene); its gait (stride rate, arm swing, bounce) is a temporal identity cue. Actions are
-defined only by how joint angles change over time, so a single frame says little about them.
+hat, scene); its gait (stride rate, arm swing, bounce) is a temporal identity cue. The v1 actions
+are defined only by how joint angles change over time, so a single frame says little about them.
+Benchmark v2 adds hand-object interactions (`INTERACTIONS`): drink, eat and phone share one arm
+motion and differ only in the object in the hand, drawn over the person; swap_hands and read are
+told by where the object is. Their objects are random per video and independent of the actor.
 """
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 ACTIONS = ("walk_left", "walk_right", "jump", "squat", "wave", "clap", "turn", "fall", "kick", "punch")
+INTERACTIONS = ("drink", "eat", "phone", "swap_hands", "read")
+ACTIONS_V2 = ACTIONS + INTERACTIONS
 IDLE = "idle"
 SKIN_TONES = ((241, 194, 167), (224, 172, 105), (141, 85, 36), (84, 52, 30))
 WARM_COLOURS = ((200, 40, 40), (230, 120, 20), (220, 190, 30))
@@ -70,7 +75,8 @@ def random_actor(rng: np.random.Generator, **fixed) -> Actor:
 # ---------------------------------------------------------------- motion
 # A pose is an array of joint parameters per frame, all angles in radians (0 = limb pointing
 # down; positive turns towards screen-right), offsets in figure heights.
-POSE_FIELDS = ("lean", "sh_l", "el_l", "sh_r", "el_r", "hp_l", "kn_l", "hp_r", "kn_r", "dx", "dy", "width")
+POSE_FIELDS = ("lean", "sh_l", "el_l", "sh_r", "el_r", "hp_l", "kn_l", "hp_r", "kn_r", "dx", "dy", "width",
+               "hold")  # hold: which hand has the object (0 none, 1 right, 2 left, 3 both)
 P = {name: i for i, name in enumerate(POSE_FIELDS)}
 
 
@@ -140,9 +146,50 @@ def pose(action: str, t: np.ndarray, actor: Actor, speed: float, phase: float) -
         b = np.clip(-s, 0, None)
         q[:, P["sh_l"]], q[:, P["el_l"]] = -0.6 - 1.0 * b, -1.8 * (1 - b)
         q[:, P["sh_r"]], q[:, P["el_r"]] = 0.6 + 1.0 * a, 1.8 * (1 - a)
+    elif action in INTERACTIONS:
+        _interaction(q, action, t, actor, w, phase)
     else:
-        raise ValueError(f"unknown action {action!r}; known: {ACTIONS + (IDLE,)}")
+        raise ValueError(f"unknown action {action!r}; known: {ACTIONS_V2 + (IDLE,)}")
     return q
+
+
+def _reach(dx, dy):
+    """Two-link arm (upper 0.16, fore 0.15 figure heights) from the shoulder to (dx, dy) (arrays, y down):
+    (shoulder angle, elbow angle relative to it), elbow on the lower of the two solutions."""
+    l1, l2 = 0.16, 0.15
+    r = np.clip(np.hypot(dx, dy), abs(l1 - l2) + 1e-6, l1 + l2 - 1e-6)
+    base = np.arctan2(dx, dy)
+    alpha = np.arccos(np.clip((l1 ** 2 + r ** 2 - l2 ** 2) / (2 * l1 * r), -1, 1))
+    a1 = np.where(np.cos(base + alpha) >= np.cos(base - alpha), base + alpha, base - alpha)  # lower elbow
+    ex, ey = l1 * np.sin(a1), l1 * np.cos(a1)
+    a2 = np.arctan2(dx - ex, dy - ey)
+    return a1, (a2 - a1 + np.pi) % (2 * np.pi) - np.pi
+
+
+def _interaction(q, action, t, actor, w, phase):
+    """Arm poses of the v2 hand-object actions (the object itself is drawn by `draw_prop`)."""
+    sw = 0.10 if actor.female else 0.14           # shoulder half-width, as drawn
+    ph = w * t + phase
+    if action in ("drink", "eat", "phone"):       # one motion: right hand up to the lower face and back
+        lift = np.clip(1.6 * (0.5 - 0.5 * np.cos(ph)) - 0.3, 0, 1)
+        a1, el = _reach(np.full_like(t, 0.02 - sw), np.full_like(t, -0.07))
+        q[:, P["sh_r"]] = (1 - lift) * 0.12 + lift * a1
+        q[:, P["el_r"]] = lift * el
+        q[:, P["hold"]] = 1
+    elif action == "swap_hands":                  # hands meet at the chest; the object changes hands there
+        meet = 0.5 - 0.5 * np.cos(ph)
+        for side, sign in (("r", 1.0), ("l", -1.0)):
+            tx = sign * ((1 - meet) * 0.09 + meet * 0.015) - sign * sw
+            a1, el = _reach(tx, np.full_like(t, 0.17))
+            q[:, P[f"sh_{side}"]], q[:, P[f"el_{side}"]] = a1, el
+        q[:, P["hold"]] = np.where(np.floor((ph + np.pi) / (2 * np.pi)) % 2 == 0, 1, 2)
+    elif action == "read":                        # a book held at the chest, a page turned now and then
+        turn = np.clip(np.sin(0.5 * ph), 0, None) ** 4
+        for side, sign in (("r", 1.0), ("l", -1.0)):
+            tx = sign * (0.075 - (0.1 * turn if side == "r" else 0.0)) - sign * sw
+            a1, el = _reach(tx, 0.15 - (0.03 * turn if side == "r" else 0.0) + 0.005 * np.sin(ph))
+            q[:, P[f"sh_{side}"]], q[:, P[f"el_{side}"]] = a1, el
+        q[:, P["hold"]] = 3
 
 
 # ---------------------------------------------------------------- drawing
@@ -156,8 +203,10 @@ def _limb(origin, a, length):
     return origin + length * np.array([np.sin(a), np.cos(a)])
 
 
-def draw_actor(img: Image.Image, actor: Actor, q: np.ndarray, root: tuple, height: float) -> None:
-    """Draw one frame of `actor` in pose `q` (one row of `pose`) with hips at `root` (px)."""
+def draw_actor(img: Image.Image, actor: Actor, q: np.ndarray, root: tuple, height: float,
+               prop: "Prop | None" = None) -> None:
+    """Draw one frame of `actor` in pose `q` (one row of `pose`) with hips at `root` (px), and the
+    `prop` it holds (v2 interactions) over the body, as a held object overlaps the person."""
     d = ImageDraw.Draw(img)
     h, wd = height, q[P["width"]]
     skin = SKIN_TONES[actor.skin]
@@ -228,6 +277,52 @@ def draw_actor(img: Image.Image, actor: Actor, q: np.ndarray, root: tuple, heigh
     if actor.hat:
         d.rectangle([head[0] - 1.45 * hr, head[1] - 0.85 * hr, head[0] + 1.45 * hr, head[1] - 0.6 * hr], fill=(235, 235, 235))
         d.rectangle([head[0] - 0.85 * hr, head[1] - 1.75 * hr, head[0] + 0.85 * hr, head[1] - 0.7 * hr], fill=(235, 235, 235))
+    hold = int(round(q[P["hold"]])) if len(q) > P["hold"] else 0
+    if prop is not None and hold:
+        draw_prop(d, prop, arms[0][2], arms[1][2], hold, h)
+
+
+# ---------------------------------------------------------------- held objects (benchmark v2)
+@dataclass(frozen=True)
+class Prop:
+    kind: str            # cup | fruit | phone | ball | book
+    colour: tuple        # RGB of its body
+
+
+PROP_OF = {"drink": "cup", "eat": "fruit", "phone": "phone", "read": "book"}  # swap_hands: any small object
+PROP_COLOURS = {"cup": ((238, 238, 242), (165, 205, 235)), "fruit": ((205, 30, 35), (95, 175, 40), (240, 140, 20)),
+                "phone": ((50, 50, 60), (70, 40, 90)), "ball": ((205, 225, 60), (60, 120, 225), (235, 95, 170)),
+                "book": ((30, 90, 165), (165, 40, 40), (40, 135, 80), (205, 165, 40))}
+
+
+def random_prop(action: str, rng: np.random.Generator) -> Prop:
+    kind = PROP_OF.get(action) or ("cup", "fruit", "phone", "ball")[int(rng.integers(4))]
+    colours = PROP_COLOURS[kind]
+    return Prop(kind, colours[int(rng.integers(len(colours)))])
+
+
+def draw_prop(d: ImageDraw.ImageDraw, prop: Prop, wrist_l, wrist_r, hold: int, h: float) -> None:
+    """The object in the hand(s): its shape and colour tell drink, eat and phone apart."""
+    if hold == 3:  # book between the hands, cover towards the camera, pages on top
+        cx, cy = (wrist_l[0] + wrist_r[0]) / 2, (wrist_l[1] + wrist_r[1]) / 2
+        half = max(abs(wrist_r[0] - wrist_l[0]) / 2 + 0.01 * h, 0.06 * h)
+        d.rectangle([cx - half, cy - 0.065 * h, cx + half, cy + 0.05 * h], fill=prop.colour)
+        d.rectangle([cx - half, cy - 0.075 * h, cx + half, cy - 0.062 * h], fill=(245, 245, 235))
+        return
+    x, y = wrist_r if hold == 1 else wrist_l
+    if prop.kind == "cup":      # upright mug above the fist, dark drink at the rim
+        d.rectangle([x - 0.03 * h, y - 0.085 * h, x + 0.03 * h, y + 0.01 * h], fill=prop.colour)
+        d.rectangle([x - 0.03 * h, y - 0.085 * h, x + 0.03 * h, y - 0.072 * h], fill=(90, 50, 25))
+    elif prop.kind == "fruit":  # round, with a stem
+        r = 0.038 * h
+        d.ellipse([x - r, y - 1.6 * r, x + r, y + 0.4 * r], fill=prop.colour)
+        d.line([(x, y - 1.6 * r), (x + 0.3 * r, y - 2.1 * r)], fill=(80, 50, 20), width=max(1, int(r / 3)))
+    elif prop.kind == "phone":  # slim slab with a lit screen
+        d.rectangle([x - 0.02 * h, y - 0.09 * h, x + 0.02 * h, y + 0.005 * h], fill=prop.colour)
+        d.rectangle([x - 0.013 * h, y - 0.08 * h, x + 0.013 * h, y - 0.01 * h], fill=(120, 200, 250))
+    else:                       # ball
+        r = 0.035 * h
+        d.ellipse([x - r, y - 1.5 * r, x + r, y + 0.5 * r], fill=prop.colour)
 
 
 _CLOTH_CACHE: dict = {}

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from .figure import IDLE, Actor, background, draw_actor, pose
+from .figure import IDLE, INTERACTIONS, Actor, background, draw_actor, pose, random_prop
 
 FPS = 16
 SIZE = 112
@@ -39,7 +39,7 @@ def render(actor: Actor, timeline: list[tuple[str, int, int]], n_frames: int, rn
 
     `static_frame`: render that single frame and repeat it (a "boring video" / static clip).
     Returns (T, H, W, 3) uint8, and with `with_masks` also the actor's true silhouette (T, H, W) bool
-    (the person region of the pixel baselines).
+    (the person region of the pixel baselines), which includes the object in the hand, as a person box would.
     """
     shot = shot or random_shot(rng)
     margin = 4
@@ -54,6 +54,10 @@ def render(actor: Actor, timeline: list[tuple[str, int, int]], n_frames: int, rn
         labels[a:b] = k
     shake = rng.normal(0, shot.jitter, (n_frames, 2)) if shot.jitter > 0 else np.zeros((n_frames, 2))
     gain = np.asarray(shot.tint) * shot.gain
+    props = [None] * n_frames  # drawn after every v1 random choice, so v1 videos keep their bytes
+    for action, a, b in timeline:
+        if action in INTERACTIONS:
+            props[a:b] = [random_prop(action, rng)] * (b - a)
     frames = np.empty((n_frames, size, size, 3), dtype=np.uint8)
     masks = np.zeros((n_frames, size, size), dtype=bool) if with_masks else None
     todo = [static_frame] if static_frame is not None else range(n_frames)
@@ -62,11 +66,11 @@ def render(actor: Actor, timeline: list[tuple[str, int, int]], n_frames: int, rn
         ox, oy = np.clip(np.round(shake[i] + margin), 0, 2 * margin).astype(int)
         img = Image.fromarray(bg[oy:oy + size, ox:ox + size])
         root = (shot.root_x * size + (ox - margin), shot.root_y * size + (oy - margin))
-        draw_actor(img, actor, q[i], root, height)
+        draw_actor(img, actor, q[i], root, height, props[i])
         frames[i] = np.clip(np.asarray(img, dtype=np.float32) * gain, 0, 255).astype(np.uint8)
         if with_masks:  # the same drawing on black: no actor colour is pure black
             silhouette = Image.new("RGB", (size, size))
-            draw_actor(silhouette, actor, q[i], root, height)
+            draw_actor(silhouette, actor, q[i], root, height, props[i])
             masks[i] = np.asarray(silhouette).any(-1)
     if static_frame is not None:
         frames[:] = frames[static_frame]
