@@ -193,6 +193,9 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
         assert v(rows, "privacy", "cmap") == max(v(rows, "privacy", "cmap_raw_branch"),
                                                   v(rows, "privacy", "cmap_standardised_branch"))
         assert v(rows, "tad", "mAP") == pytest.approx(np.mean([v(rows, "tad", f"mAP@{t:g}") for t in (.3, .4, .5, .6, .7)]))
+        per_class = {r["metric"]: r["value"] for r in rows if r["task"] == "ar" and r["metric"].startswith("top1[")}
+        assert len(per_class) >= 2 and all(0 <= x <= 1 for x in per_class.values())  # one row per test class
+        assert min(per_class.values()) <= v(rows, "ar", "top1") <= max(per_class.values())
     assert v(raw, "privacy", "chance_cmap") == v(anon, "privacy", "chance_cmap")
     raw_c, anon_c, chance = v(raw, "privacy", "cmap"), v(anon, "privacy", "cmap"), v(raw, "privacy", "chance_cmap")
     assert v(anon, "privacy", "leakage_removed") == pytest.approx((raw_c - anon_c) / (raw_c - chance))

@@ -100,7 +100,10 @@ def _run_ar(videos, kw):
     train, test = split_of(videos, "train"), split_of(videos, "test")
     if not train or not test:
         return None, f"needs train and test videos with 'action' (have {len(train)} / {len(test)})"
-    return {"top1": action_recognition(train, test, **kw)["top1"]}, None
+    r = action_recognition(train, test, **kw)
+    pred, true = np.asarray(r["pred"], dtype=object), np.asarray(r["true"], dtype=object)
+    per_class = {f"top1[{c}]": float((pred[true == c] == c).mean()) for c in sorted(set(true))}
+    return {"top1": r["top1"], **per_class}, None
 
 
 def _run_tad(videos, kw):
@@ -178,7 +181,7 @@ def evaluate_feature_set(videos_by_dataset: Mapping[str, Sequence[VideoFeatures]
     DEFAULT_DATASETS). A task whose dataset is absent or empty, or whose data cannot support the protocol
     (e.g. a bias test split with one group), is skipped: result.skipped[task] says why.
     probe_kwargs: task -> extra kwargs of its probe ("bias" applies to bias_f and bias_m, falling back to "ar").
-    Metrics: ar top1 | tad mAP, mAP@<tIoU> | ad auc | privacy cmap (stronger attacker), f1, chance_cmap,
+    Metrics: ar top1, top1[<class>] (per test class) | tad mAP, mAP@<tIoU> | ad auc | privacy cmap (stronger attacker), f1, chance_cmap,
     cmap/f1 of each branch, n_attributes | bias_* top1, acc_<group>, gap | gait top1.
     """
     datasets = {**DEFAULT_DATASETS, **(datasets or {})}
