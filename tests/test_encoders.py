@@ -102,3 +102,26 @@ def test_static_frames_spread_uniformly():
     idx = s.static_frames(100)
     assert len(idx) == 10 and idx[0] == 0 and idx[-1] == 99 and np.all(np.diff(idx) > 0)
     assert len(ClipSampling(static_k=0).static_frames(100)) == 0
+
+
+def test_demo_encoder_training_resumes_from_a_saved_encoder_and_logs_v2_accuracies(tmp_path):
+    """`train_demo --init` loads an encoder with from_pretrained, trains on the v2 world's classes
+    (interactions included) and saves safetensors the pipeline can load."""
+    import json
+
+    from splavu_core.encoders import train_demo
+    from splavu_core.synth.figure import INTERACTIONS
+
+    init = save_tiny_videomae(tmp_path / "init", image_size=112)
+    out = tmp_path / "out"
+    train_demo.main(["--out", str(out), "--init", str(init), "--steps", "2", "--batch", "4", "--pool", "8",
+                     "--held", "12", "--refresh", "1", "--eval-every", "2", "--threads", "1"])
+    assert set(INTERACTIONS) <= set(train_demo.CLASSES)
+    log = json.loads((out / "training_log.json").read_text())
+    entry = log["log"][-1]
+    assert log["args"]["init"] == str(init) and entry["step"] == 2
+    for k in ("heldout_action_top1", "heldout_interaction_top1", "heldout_motion_top1", "heldout_gait_abs_err"):
+        assert k in entry
+    assert (out / "model.safetensors").exists() and not list(out.glob("*.bin"))
+    enc = load_encoder(out, device="cpu")
+    assert enc.dim == 32 and enc.embed(clips(1)).shape == (1, 32)
