@@ -53,8 +53,8 @@ def c3d(n_out: int) -> nn.Module:
     def block(i, o, t):
         return nn.Sequential(nn.Conv3d(i, o, 3, padding=1), nn.BatchNorm3d(o), nn.ReLU(), nn.MaxPool3d((t, 2, 2)))
 
-    return nn.Sequential(block(3, 24, 1), block(24, 48, 2), block(48, 64, 2), block(64, 96, 2),
-                         nn.AdaptiveAvgPool3d(1), nn.Flatten(), nn.Linear(96, n_out))
+    return nn.Sequential(block(3, 16, 1), block(16, 32, 2), block(32, 48, 2), block(48, 64, 2),
+                         nn.AdaptiveAvgPool3d(1), nn.Flatten(), nn.Linear(64, n_out))
 
 
 def fit(data, classes, epochs: int, seed: int) -> dict:
@@ -99,8 +99,8 @@ def fit(data, classes, epochs: int, seed: int) -> dict:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default="data/synth/ar")
-    ap.add_argument("--epochs", type=int, default=25)
-    ap.add_argument("--side", type=int, default=64, help="frames are area-downsampled to side x side")
+    ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--side", type=int, default=56, help="frames are area-downsampled to side x side")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     m = load_manifest(Path(args.data) / "manifest.csv")
@@ -109,7 +109,7 @@ def main(argv=None):
         raise SystemExit(f"{args.data}: no interaction classes (a v1 benchmark?); write v2 with `splavu synth`")
     out = {"benchmark": "action_visibility", "data": args.data, "classes": len(classes), "epochs": args.epochs,
            "side": args.side, "frames": len(FRAMES)}
-    for name, blacken in (("raw", None), ("pixel_blacken", PixelAnonymizer.named("pixel_blacken", "rendered"))):
+    for name, blacken in (("raw", None), ("pixel_blacken", PixelAnonymizer.named("blacken", "rendered"))):
         t0 = time.perf_counter()
         data = [load(m, s, blacken, args.side) for s in ("train", "val", "test")]
         out[name] = {**fit(data, classes, args.epochs, args.seed), "seconds": round(time.perf_counter() - t0, 1)}

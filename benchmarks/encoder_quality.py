@@ -52,16 +52,27 @@ def main(argv=None):
     ap.add_argument("--data", default="data/synth")
     ap.add_argument("--checkpoint", default=str(DEMO_CHECKPOINT))
     ap.add_argument("--record", action="store_true", help="append the result to <checkpoint>/training_log.json")
+    ap.add_argument("--store", help="read the raw latents of a store this encoder extracted instead of extracting")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     enc = load_encoder(args.checkpoint, device="auto")
     s = ClipSampling(clip_len=enc.num_frames, static_k=0)
     t0 = time.perf_counter()
-    ar = features(load_manifest(Path(args.data) / "ar" / "manifest.csv"), enc, s)
     priv_m = load_manifest(Path(args.data) / "privacy" / "manifest.csv")
-    priv = features(priv_m, enc, s)
     gait_m = Path(args.data) / "gait" / "manifest.csv"
-    gait = features(load_manifest(gait_m), enc, s) if gait_m.exists() else []
+    if args.store:
+        from splavu_core.publish import load_video_features
+        from splavu_core.store import FeatureStore
+
+        store = FeatureStore(args.store)
+        if store.fs.read_json("store.json").get("weights_sha256") != enc.weights_hash:
+            raise SystemExit(f"{args.store} was extracted by another encoder ({store.encoder_fingerprint()})")
+        by = {n: load_video_features(store, "raw", datasets=[n]) for n in ("ar", "privacy", "gait")}
+        ar, priv, gait = by["ar"], by["privacy"], by["gait"]
+    else:
+        ar = features(load_manifest(Path(args.data) / "ar" / "manifest.csv"), enc, s)
+        priv = features(priv_m, enc, s)
+        gait = features(load_manifest(gait_m), enc, s) if gait_m.exists() else []
     secs = time.perf_counter() - t0
     res_ar = action_recognition([v for v in ar if v.split == "train"], [v for v in ar if v.split == "test"])
     res_p = privacy_attack([v for v in priv if v.split == "train"], [v for v in priv if v.split == "test"],
@@ -79,7 +90,7 @@ def main(argv=None):
                     "gait_chance_top1": round(float((same / (len(gait) - 1)).mean()), 4)}
     result = {
         "benchmark": "encoder_quality", "encoder": enc.source, "fingerprint": enc.fingerprint(s),
-        "data": args.data, "ar_top1": round(res_ar["top1"], 4), "ar_chance": round(1 / len(res_ar["classes"]), 4),
+        "data": args.data, "store": args.store, "ar_top1": round(res_ar["top1"], 4), "ar_chance": round(1 / len(res_ar["classes"]), 4),
         **groups, **gait_out,
         "privacy_cmap": round(cmap, 4), "privacy_chance_cmap": round(chance, 4),
         "privacy_share_of_distance_to_1": round((cmap - chance) / (1 - chance), 4),
