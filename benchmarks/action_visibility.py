@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from splavu_core.evaluation.probes import top1_among  # noqa: E402
 from splavu_core.manifest import load_manifest  # noqa: E402
 from splavu_core.pixel import PixelAnonymizer  # noqa: E402
 from splavu_core.synth.figure import INTERACTIONS  # noqa: E402
@@ -86,8 +87,7 @@ def fit(data, classes, epochs: int, seed: int) -> dict:
     pred = best[1]
 
     def top1(names):
-        m = np.isin(yte, names)
-        return round(float((pred[m] == yte[m]).mean()), 3)
+        return round(top1_among(pred, yte, names), 3)
 
     trio = np.isin(yte, SAME_MOTION)
     motion = [c for c in classes if c not in INTERACTIONS]

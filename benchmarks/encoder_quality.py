@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from splavu_core.encoders.vfm import DEMO_CHECKPOINT, load_encoder  # noqa: E402
-from splavu_core.evaluation.probes import action_recognition, gait_retrieval, privacy_attack  # noqa: E402
+from splavu_core.evaluation.probes import action_recognition, gait_retrieval, privacy_attack, top1_among  # noqa: E402
 from splavu_core.extract import extract_shard  # noqa: E402
 from splavu_core.features import VideoFeatures  # noqa: E402
 from splavu_core.manifest import load_manifest  # noqa: E402
@@ -78,10 +78,10 @@ def main(argv=None):
     res_p = privacy_attack([v for v in priv if v.split == "train"], [v for v in priv if v.split == "test"],
                            list(priv_m.attributes))
     chance, cmap = res_p["chance_cmap"], res_p["cmap"]
-    pred, true = np.array(res_ar["pred"], dtype=object), np.array(res_ar["true"], dtype=object)
-    inter = np.isin(true, INTERACTIONS)
-    groups = {"ar_top1_interaction": round(float((pred[inter] == true[inter]).mean()), 4),
-              "ar_top1_motion": round(float((pred[~inter] == true[~inter]).mean()), 4)} if inter.any() else {}
+    motion = [c for c in res_ar["classes"] if c not in INTERACTIONS]
+    inter = top1_among(res_ar["pred"], res_ar["true"], INTERACTIONS)
+    groups = {"ar_top1_interaction": round(inter, 4),
+              "ar_top1_motion": round(top1_among(res_ar["pred"], res_ar["true"], motion), 4)} if inter is not None else {}
     gait_out = {}
     if gait:
         subj = np.array([v.meta["subject_id"] for v in gait], dtype=object)

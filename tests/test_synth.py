@@ -175,15 +175,14 @@ def test_drink_eat_phone_share_one_motion_and_differ_only_inside_the_person_regi
     from splavu_core.synth.figure import Prop, draw_actor
 
     q = poses[0][np.argmax(poses[0][:, 3] < -0.5)]                              # a frame with the hand up
-    def silhouette(prop):
-        img = Image.new("RGB", (112, 112))
+
+    def draw(prop, bg):
+        img = Image.new("RGB", (112, 112), bg)
         draw_actor(img, actor, q, (56, 70), 90.0, prop)
-        return np.asarray(img).any(-1)
-    body, with_cup = silhouette(None), silhouette(Prop("cup", (238, 238, 242)))
-    img_body, img_cup = Image.new("RGB", (112, 112), (0, 0, 255)), Image.new("RGB", (112, 112), (0, 0, 255))
-    draw_actor(img_body, actor, q, (56, 70), 90.0)
-    draw_actor(img_cup, actor, q, (56, 70), 90.0, Prop("cup", (238, 238, 242)))
-    cup = (np.asarray(img_body).astype(int) != np.asarray(img_cup)).any(-1)
+        return np.asarray(img).astype(int)
+    mug = Prop("cup", (238, 238, 242))
+    body, with_cup = draw(None, (0, 0, 0)).any(-1), draw(mug, (0, 0, 0)).any(-1)   # silhouettes
+    cup = (draw(None, (0, 0, 255)) != draw(mug, (0, 0, 255))).any(-1)            # the cup's own pixels
     ys, xs = np.nonzero(body)
     inside_box = cup[ys.min():ys.max() + 1, xs.min():xs.max() + 1].sum()
     assert (cup & body).sum() > 0.3 * cup.sum(), "the cup must cover the person"

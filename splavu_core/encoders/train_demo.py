@@ -23,16 +23,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..synth.figure import ACTIONS_V2, IDLE, INTERACTIONS, random_actor
+from ..synth.figure import ACTIONS_V2, GAIT_RANGES, IDLE, INTERACTIONS, random_actor
 from ..synth.render import random_shot, render
 from .preprocess import Preprocess
 
 CLIP_LEN, SIZE = 16, 112
 CLASSES = ACTIONS_V2 + (IDLE,)
 INTERACTION_IDS = [CLASSES.index(a) for a in INTERACTIONS]
-WALKS = [CLASSES.index(a) for a in ("walk_left", "walk_right")]
+WALKS = torch.tensor([CLASSES.index(a) for a in ("walk_left", "walk_right")])
 VOCAB = {"skin": 4, "female": 2, "face": 2, "striped": 2, "shirt": 6, "hat": 2, "hair": 4, "scene": 4}
-GAIT_RANGES = {"stride_hz": (1.2, 2.6), "arm_swing": (0.15, 0.8), "bounce": (0.0, 0.05)}  # figure.random_actor
 SEED_BASE = 10_000  # benchmark datasets use keys (seed, code < 100, ...): disjoint
 
 
@@ -142,7 +141,7 @@ def main(argv=None):
         logits, app, gait_hat = model(pre(frames))
         loss_a = F.cross_entropy(logits, action, ignore_index=-100)
         loss_v = sum(F.cross_entropy(app[k], vocab[k]) for k in VOCAB) / len(VOCAB)
-        walking = torch.isin(action, torch.tensor(WALKS))  # gait shows only while walking
+        walking = torch.isin(action, WALKS)  # gait shows only while walking
         loss_g = F.mse_loss(gait_hat[walking], gait[walking]) if walking.any() else gait_hat.sum() * 0
         loss = loss_a + loss_v + loss_g
         opt.zero_grad()
@@ -179,7 +178,7 @@ def evaluate(model, held, pre):
         m = action >= 0
         hits.append((logits.argmax(1)[m] == action[m]).numpy())
         labels.append(action[m].numpy())
-        walking = torch.isin(action, torch.tensor(WALKS))
+        walking = torch.isin(action, WALKS)
         gait_err.append((gait_hat[walking] - gait[walking]).abs().mean(1).numpy())
         for k in VOCAB:
             app_correct[k] += int((app[k].argmax(1) == vocab[k]).sum())

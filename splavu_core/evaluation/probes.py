@@ -117,6 +117,13 @@ def action_recognition(train: Videos, test: Videos | None = None, classes: Seque
             "video_ids": [v.video_id for v in test], "pred": pred, "true": true}
 
 
+def top1_among(pred: Sequence, true: Sequence, classes: Sequence[str]) -> float | None:
+    """Top-1 over the test videos whose true class is in `classes` (None when there are none)."""
+    pred, true = np.asarray(pred, dtype=object), np.asarray(true, dtype=object)
+    m = np.isin(true, list(classes))
+    return float((pred[m] == true[m]).mean()) if m.any() else None
+
+
 def _video_softmax(head: nn.Module, feats: np.ndarray, n_clips: int) -> np.ndarray:
     """Softmax averaged over n_clips evenly spaced clips of one video: (T, D) -> (C,)."""
     clips = torch.from_numpy(feats[eval_clip_indices(len(feats), n_clips)])        # (<= n_clips, D)

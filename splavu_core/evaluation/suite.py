@@ -95,14 +95,13 @@ def _usable_attributes(train, test, attributes) -> tuple[list[str], list[str]]:
 
 
 def _run_ar(videos, kw):
-    from .probes import action_recognition
+    from .probes import action_recognition, top1_among
 
     train, test = split_of(videos, "train"), split_of(videos, "test")
     if not train or not test:
         return None, f"needs train and test videos with 'action' (have {len(train)} / {len(test)})"
     r = action_recognition(train, test, **kw)
-    pred, true = np.asarray(r["pred"], dtype=object), np.asarray(r["true"], dtype=object)
-    per_class = {f"top1[{c}]": float((pred[true == c] == c).mean()) for c in sorted(set(true))}
+    per_class = {f"top1[{c}]": top1_among(r["pred"], r["true"], [c]) for c in sorted(set(r["true"]))}
     return {"top1": r["top1"], **per_class}, None
 
 

@@ -57,6 +57,9 @@ class Actor:
                 "hair": HAIR_COLOURS.index(self.hair), "scene": self.scene}
 
 
+GAIT_RANGES = {"stride_hz": (1.2, 2.6), "arm_swing": (0.15, 0.8), "bounce": (0.0, 0.05)}  # uniform per actor
+
+
 def random_actor(rng: np.random.Generator, **fixed) -> Actor:
     warm = bool(rng.random() < 0.5)
     palette = WARM_COLOURS if warm else COOL_COLOURS
@@ -65,8 +68,8 @@ def random_actor(rng: np.random.Generator, **fixed) -> Actor:
         face_visible=bool(rng.random() < 0.6), striped=bool(rng.random() < 0.45),
         shirt=palette[int(rng.integers(3))], warm=warm, hat=bool(rng.random() < 0.4),
         hair=HAIR_COLOURS[int(rng.integers(4))], trousers=TROUSER_COLOURS[int(rng.integers(4))],
-        scene=int(rng.integers(4)), stride_hz=float(rng.uniform(1.2, 2.6)),
-        arm_swing=float(rng.uniform(0.15, 0.8)), bounce=float(rng.uniform(0.0, 0.05)))
+        scene=int(rng.integers(4)), stride_hz=float(rng.uniform(*GAIT_RANGES["stride_hz"])),
+        arm_swing=float(rng.uniform(*GAIT_RANGES["arm_swing"])), bounce=float(rng.uniform(*GAIT_RANGES["bounce"])))
     if "warm" in fixed and "shirt" not in fixed:
         fixed["shirt"] = (WARM_COLOURS if fixed["warm"] else COOL_COLOURS)[int(rng.integers(3))]
     return replace(actor, **fixed)
@@ -277,7 +280,7 @@ def draw_actor(img: Image.Image, actor: Actor, q: np.ndarray, root: tuple, heigh
     if actor.hat:
         d.rectangle([head[0] - 1.45 * hr, head[1] - 0.85 * hr, head[0] + 1.45 * hr, head[1] - 0.6 * hr], fill=(235, 235, 235))
         d.rectangle([head[0] - 0.85 * hr, head[1] - 1.75 * hr, head[0] + 0.85 * hr, head[1] - 0.7 * hr], fill=(235, 235, 235))
-    hold = int(round(q[P["hold"]])) if len(q) > P["hold"] else 0
+    hold = int(round(q[P["hold"]]))
     if prop is not None and hold:
         draw_prop(d, prop, arms[0][2], arms[1][2], hold, h)
 
