@@ -17,10 +17,18 @@ things break that for this code location, both in how the step's inputs are hand
    case here (one extract_latents run per shard), so the key includes the run id.
 
 tests/test_cluster.py checks both against the real cluster, and that (1) is still needed.
+
+One more guard, not a workaround: each dask task runs a step with execute_plan in a worker thread, and
+two Dagster steps in two threads of one process can deadlock on the logging module's locks (a step's log
+manager calls logging.config.dictConfig, which closes every live handler, while the other step sits in
+its DagsterLogHandler; dagster-dask sets threads_per_worker=1 on the clusters it starts for this reason).
+On an existing cluster nobody enforced that, so a run refuses to start on workers with more than one thread.
 """
 from __future__ import annotations
 
+import dagster as dg
 import dagster._check as check
+import dask.distributed
 from dagster._core.execution.context.system import PlanOrchestrationContext
 from dagster_dask.executor import DaskExecutor
 
@@ -60,9 +68,22 @@ class _RunScopedContext(PlanOrchestrationContext):
         return self.plan_data.dagster_run.run_config
 
 
+def check_one_thread_per_worker(client) -> None:
+    """Refuse a cluster on which two steps could share a process (see the module's docstring)."""
+    threaded = {w: n for w, n in client.nthreads().items() if n > 1}
+    if threaded:
+        raise dg.DagsterInvariantViolationError(
+            f"dask workers {sorted(threaded.items())} run several threads: Dagster steps are not thread-safe "
+            f"(two in one process can deadlock on logging's locks). Start workers with `--nthreads 1` "
+            f"(`dask worker ADDRESS --nworkers N --nthreads 1`).")
+
+
 class RunScopedDaskExecutor(DaskExecutor):
     def execute(self, plan_context, execution_plan):
         check.inst_param(plan_context, "plan_context", PlanOrchestrationContext)
+        if self.cluster_type == "existing":
+            with dask.distributed.Client(**self.build_dict(plan_context.job_name)) as client:
+                check_one_thread_per_worker(client)
         return super().execute(_RunScopedContext(plan_context), execution_plan)
 
 

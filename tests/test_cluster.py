@@ -9,10 +9,12 @@ dagster.yaml, which shows what the `encoder` pool does under each engine: the mu
 waits for a slot, the dask executor never asks for one (only the run queue can hold dask runs back,
 with the run granularity of deploy/dask/dagster.yaml).
 """
+import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,13 +23,14 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from dagster._serdes import serialize_value
 
 from pipeline.executors import code_location_job, run_config_for
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL_ADAPTER = {"layers": 1, "heads": 2, "sub_tokens": 4, "token_width": 16}
 FAST_PROBES = {"ar_epochs": 15, "tad_epochs": 5, "ad_epochs": 10, "privacy_epochs": 25}
-RUN_TIMEOUT_S = float(os.environ.get("SPLAVU_TEST_RUN_TIMEOUT_S", "300"))  # one job run; past it the test fails
+RUN_TIMEOUT_S = float(os.environ.get("SPLAVU_TEST_RUN_TIMEOUT_S", "240"))  # one job run; past it the test fails (< pyproject timeout)
 TIME_COLUMNS = {"created_at", "when"}  # wall-clock stamps: the only columns allowed to differ
 SHARDS = ("tad-000", "tad-001")        # the tiny tad set in shards of 6 videos (static latents in both)
 ANON_SHARD = "ar-000"
@@ -85,47 +88,46 @@ def engines(cluster) -> dict:
             "dask": {"dask": {"cluster": {"existing": {"address": cluster.scheduler_address}}}}}
 
 
-class Run(threading.Thread):
+class Run:
     """One run of a pipeline.definitions job, reconstructed from the module as `dagster dev` does, in a
-    thread so that several can be in flight; resources only through run config."""
+    process of its own (tests/cluster_run.py says why not a thread) so that several can be in flight;
+    resources only through run config."""
 
     def __init__(self, instance, name: str, engine: dict, root, partition: str | None = None,
                  ops: dict | None = None, encoder: dict | None = None):
-        super().__init__(daemon=True)
         self.instance, self.name, self.engine = instance, name, engine
         self.run_config = run_config_for(engine, root, encoder=encoder, ops=ops)
         self.tags = {"test/engine": next(iter(engine)), **({"dagster/partition": partition} if partition else {})}
-        self.pids, self.error = None, None
+        self.proc = None
 
-    def run(self):
-        try:
-            with dg.execute_job(code_location_job(self.name), self.instance, run_config=self.run_config,
-                                tags=self.tags) as res:
-                failures = [e.message for e in res.all_events if e.is_failure]
-                assert res.success, f"{self.name} on {next(iter(self.engine))} failed: {failures}"
-                self.run_id = res.run_id
-                self.pids = {e.step_key: e.pid for e in res.all_events
-                             if e.event_type == dg.DagsterEventType.STEP_SUCCESS}
-        except BaseException as e:  # re-raised by result() in the test's thread
-            self.error = e
+    def start(self):
+        args = {"instance_ref": serialize_value(self.instance.get_ref()), "job": self.name,
+                "run_config": self.run_config, "tags": self.tags}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        self.proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "cluster_run.py"), json.dumps(args)],
+                                     cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def result(self, timeout: float = RUN_TIMEOUT_S) -> dict[str, int]:
-        self.join(timeout)
-        if self.is_alive():  # the hang seen twice in one long session (README, known gaps): fail with evidence
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:  # fail with evidence: every thread's stack, the run's events, dask's view
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            self.proc.kill()
+            out, err = self.proc.communicate()
             pytest.fail(f"{self.name} on {next(iter(self.engine))}: still running after {timeout} s\n"
-                        f"{stuck_report(self)}", pytrace=False)
-        if self.error:
-            raise self.error
-        return self.pids
+                        f"{stuck_report(self)}\nthe run's process, all threads:\n{err[-20000:]}", pytrace=False)
+        assert self.proc.returncode == 0, f"{self.name}: its process exited {self.proc.returncode}:\n{err[-5000:]}"
+        res = json.loads(out.strip().splitlines()[-1])
+        assert res["success"], f"{self.name} on {next(iter(self.engine))} failed: {res['failures']}"
+        self.run_id = res["run_id"]
+        return res["pids"]
 
 
 def stuck_report(run: Run) -> str:
-    """Where a run that does not end is: its orchestrating thread's stack, its last events, and (dask) what
-    each worker is executing, with stacks."""
-    import traceback
-
-    frame = sys._current_frames().get(run.ident)
-    lines = ["orchestrator:", *(traceback.format_stack(frame) if frame else ["  (no frame)"])]
+    """Where a run that does not end is: its last events and (dask) what each worker is executing, with
+    stacks. Safe to call here: no other run shares this process."""
+    lines = []
     for r in run.instance.get_runs(dg.RunsFilter(tags=run.tags), limit=1):
         lines += [f"run {r.run_id} {r.status.value}, last events:"]
         lines += [f"  {e.dagster_event.event_type_value if e.dagster_event else ''} {e.step_key or ''} "
@@ -401,11 +403,22 @@ def test_dask_evaluates_to_the_same_metrics_on_both_workers(published_and_evalua
 
 # ---------------------------------------------------------------- choosing the engine
 
-def test_the_environment_chooses_the_default_engine():
-    import json
-    import subprocess
-    import sys
+def test_a_cluster_whose_workers_run_several_threads_is_refused():
+    """Two steps in two threads of one worker can deadlock on logging's locks (pipeline/dask_engine.py)."""
+    from distributed import Client, LocalCluster
 
+    from pipeline.dask_engine import check_one_thread_per_worker
+
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as c, \
+            Client(c) as client:
+        with pytest.raises(dg.DagsterInvariantViolationError, match=r"--nthreads 1"):
+            check_one_thread_per_worker(client)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as c, \
+            Client(c) as client:
+        check_one_thread_per_worker(client)  # one thread each: accepted
+
+
+def test_the_environment_chooses_the_default_engine():
     from pipeline.executors import default_engine
 
     assert default_engine({}) == {"multiprocess": {}}
