@@ -1,6 +1,7 @@
 """The analysts' DuckDB catalog: <root>/catalog.duckdb, views over the store's Parquet tables.
 
-    videos                    manifests/*.parquet (+ dataset, shard)
+    videos                    manifests/*.parquet (+ dataset, shard); these files hold no attr_* column: private
+                              labels live in labels/<shard>.parquet, which no view reads (store.py)
     clips                     latents/*/clips.parquet: the clip INDEX of raw shards (+ dataset, shard)
     quarantine                latents/*/quarantine.parquet (+ dataset)
     anonymized_features       anonymized/<current>/*.parquet, feature as FLOAT[D] (+ dataset, shard)
@@ -169,6 +170,8 @@ def _classify(rel: Path) -> tuple[str, str | None, str | None]:
         return "aam", None, parts[1]
     if top == "manifests":
         return "manifests", Path(parts[1]).stem, None
+    if top == "labels":  # private attr_* ground truth: listed here by path and size, never readable through a view
+        return "private_labels", Path(parts[1]).stem, None
     if top == "neighbors" and len(parts) > 2:  # splavu_core.neighbors: a version's anonymized features, normalised
         return "neighbor_index", None, parts[1]
     if top in ("metrics", "runs", "datasets"):
@@ -307,6 +310,7 @@ def build_catalog(store: FeatureStore) -> dict:
     target = root / CATALOG_FILE
     _check_not_locked(target)
     _remove_stale_temps(root)
+    store.migrate_private_labels()  # a store written before labels/ existed: its manifests still hold attr_*
     store.fs.write_parquet("storage.parquet", storage_table(store))
     version = current_version(store)
     dim = _feature_dim(store, version)

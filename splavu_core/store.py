@@ -5,7 +5,9 @@ how each operation maps onto either. The layout is the same on both, except insi
 
     <root>/store.json                        encoder fingerprint + provenance (one encoder per store)
     <root>/datasets/<name>.json              registered dataset: manifest path, shard size
-    <root>/manifests/<shard>.parquet         the validated manifest rows of one shard
+    <root>/manifests/<shard>.parquet         the validated manifest rows of one shard, WITHOUT private labels
+    <root>/labels/<shard>.parquet            video_id + attr_* of one shard: private ground truth, read by the
+                                             evaluation through read_shard_manifest, never by the analysts' catalog
     <root>/latents/<shard>/                  RAW, sensitive
         _COMMIT.json   marker: provenance, manifest hash, counts (+ "data" on object stores)
         latents.zarr   clips (N, D), static (V, K, D), provenance in attributes
@@ -50,6 +52,7 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .storefs import StoreError, StoreFS, join, open_root
@@ -90,6 +93,22 @@ def write_parquet_atomic(table: pa.Table, path: Path) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.part")
     pq.write_table(table, tmp, compression="zstd")
     os.replace(tmp, path)
+
+
+PRIVATE_PREFIX = "attr_"  # private-attribute ground truth: evaluation only, never in an analyst-readable file
+
+
+def labels_key(shard: str) -> str:
+    return join("labels", f"{shard}.parquet")
+
+
+def split_private_labels(table: pa.Table) -> tuple[pa.Table, pa.Table | None]:
+    """(the table without attr_* columns, video_id + the attr_* columns or None when there are none)."""
+    private = [n for n in table.column_names if n.startswith(PRIVATE_PREFIX)]
+    if not private:
+        return table, None
+    public = table.drop_columns(private)
+    return public.replace_schema_metadata(table.schema.metadata), table.select(["video_id", *private])
 
 
 class FeatureStore:
@@ -141,13 +160,43 @@ class FeatureStore:
         return self.loc("manifests", f"{shard}.parquet")
 
     def read_shard_manifest(self, shard: str) -> pa.Table:
+        """The shard's manifest rows WITH their private attr_* labels (joined from labels/<shard>.parquet)."""
         key = join("manifests", f"{shard}.parquet")
         if not self.fs.isfile(key):
             raise StoreError(f"shard {shard!r} has no manifest at {self.loc(key)}: materialise video_manifest first")
-        return self.fs.read_parquet(key)
+        table = self.fs.read_parquet(key)
+        lkey = labels_key(shard)
+        if not self.fs.isfile(lkey):
+            return table  # no private labels, or a store written before they were split off
+        labels = self.fs.read_parquet(lkey)
+        at = pc.index_in(table["video_id"], value_set=labels["video_id"])
+        if at.null_count:
+            raise StoreError(f"{self.loc(lkey)} lacks rows of {at.null_count} video(s) of {self.loc(key)}: re-materialise "
+                             f"video_manifest for shard {shard!r}")
+        for name in labels.column_names[1:]:
+            table = table.append_column(labels.schema.field(name), labels[name].take(at))
+        return table
 
     def write_shard_manifest_table(self, shard: str, table: pa.Table) -> None:
-        self.fs.write_parquet(join("manifests", f"{shard}.parquet"), table)
+        """The manifest without attr_* (what the catalog's `videos` view reads) and the labels in labels/
+        (outside every path the analysts' connection may open). Labels first: a crash in between leaves the old
+        manifest, which the next write (or the catalog build's migration) splits again."""
+        public, labels = split_private_labels(table)
+        if labels is not None:
+            self.fs.write_parquet(labels_key(shard), labels)
+        elif self.fs.isfile(labels_key(shard)):
+            self.fs.delete(labels_key(shard))
+        self.fs.write_parquet(join("manifests", f"{shard}.parquet"), public)
+
+    def migrate_private_labels(self) -> list[str]:
+        """Split the attr_* columns out of manifests written before labels/ existed; returns the shards rewritten."""
+        done = []
+        for key in self.fs.match("manifests/*.parquet"):
+            if any(n.startswith(PRIVATE_PREFIX) for n in self.fs.parquet_schema(key).names):
+                shard = key.rsplit("/", 1)[-1][:-len(".parquet")]
+                self.write_shard_manifest_table(shard, self.fs.read_parquet(key))
+                done.append(shard)
+        return done
 
     # ---------------------------------------------------------------- raw latents
     def shard_dir(self, shard: str):

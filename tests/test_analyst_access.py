@@ -118,3 +118,27 @@ def test_missing_catalog_fix_names_the_store(tmp_path, capsys):
     (tmp_path / "s").mkdir()  # a store folder without a catalog (a missing folder is refused before, see walkthrough)
     rc, _, err = cli(capsys, "--store", str(tmp_path / "s"), "sql", "SELECT 1")
     assert rc == 2 and f"splavu --store {tmp_path / 's'} publish" in err
+
+
+def test_no_private_label_through_sql_from_any_parquet_file(catalog, capsys):
+    """Every Parquet file of the store (and the globs over them), read through `splavu sql`: refused, or without a
+    single attr_* column. The fixture's manifests were written with attr_skin (as before labels/ existed): building
+    the catalog split them off, and the evaluation still reads them through the library."""
+    root = catalog.root
+    files = sorted(p for p in root.rglob("*.parquet") if p.is_file())
+    assert any(p.parent.name == "labels" for p in files) and any(p.parent.name == "manifests" for p in files)
+    paths = [str(p) for p in files] + [f"{root}/manifests/*.parquet", f"{root}/labels/*.parquet", f"{root}/**/*.parquet"]
+    views = cat.query(catalog, "SELECT view_name FROM duckdb_views() WHERE NOT internal")["view_name"].to_pylist()
+    assert "videos" in views
+    readable = []
+    for src in [f"read_parquet('{p}')" for p in paths] + views:
+        rc, out, err = cli(capsys, "--store", str(root), "sql", f"DESCRIBE SELECT * FROM {src}", "--format", "json")
+        if rc == 0:
+            readable.append(src)
+            names = [r["column_name"] for r in json.loads(out)]
+            assert names and not [n for n in names if n.startswith("attr_")], (src, names)
+        else:
+            assert "read-only" in err, (src, err)
+    assert any("manifests" in s for s in readable) and not any("labels" in s for s in readable)
+    # the evaluation's path: the library joins the labels back
+    assert catalog.read_shard_manifest("ar-000")["attr_skin"].to_pylist() == [0, 1, 0, 1]
