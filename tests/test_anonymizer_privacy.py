@@ -78,7 +78,7 @@ def test_training_never_reads_private_attribute_labels(store_copy):
     fs = store_copy
     _, _, summary, v1 = _train(fs)
     changed = 0
-    for path in sorted((fs.root / "labels")  # attr_* live here since issue 20.glob("*.parquet")):
+    for path in sorted((fs.root / "labels").glob("*.parquet")):  # attr_* live in labels/ (issue 20)
         t = pq.read_table(path)
         cols = [c for c in t.column_names if c.startswith("attr_")]
         for c in cols:  # flip every private label: a trainer that read any of them would train differently
