@@ -318,7 +318,7 @@ def cmd_neighbors(args) -> int:
             print(f"note: AAM version {version} has no up-to-date neighbour index, so its Parquet tables were read "
                   f"instead (slow); `splavu publish --version {version}` writes it", file=sys.stderr)
     out = format_table(neighbors(store, args.video_id, k=args.k, reduce=args.reduce, dataset=args.dataset,
-                                 version=version, index=index), args.format)
+                                 version=version, index=index, mode=args.search, nprobe=args.nprobe), args.format)
     print(out, end="" if out.endswith("\n") else "\n")
     return 0
 
@@ -417,6 +417,10 @@ def main(argv=None) -> int:
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--dataset", help="the video's dataset, when its id occurs in several")
     p.add_argument("--reduce", default="mean", choices=["mean", "first"], help="query with the mean or the first clip")
+    p.add_argument("--search", default="auto", choices=["auto", "exact", "approximate"],
+                   help="exact: every row scored; approximate: the version's faiss IVF index (written for tables of "
+                        "10M+ rows, $SPLAVU_ANN_MIN_ROWS); auto: approximate where the version has that index")
+    p.add_argument("--nprobe", type=int, default=8, help="IVF lists scanned by the approximate search")
     p.add_argument("--format", default="table", choices=["table", "csv", "json"])
     p.set_defaults(fn=cmd_neighbors)
 
