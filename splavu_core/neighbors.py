@@ -193,25 +193,20 @@ def _fresh(store: FeatureStore, version: str) -> bool:
 def exact_top_k(features: np.ndarray, q: np.ndarray, k: int, exclude: np.ndarray | None = None,
                 block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:
     """The k rows of `features` with the highest dot product with q, `exclude` left out: (rows, scores), best
-    first, ties by row. `features` may be memory-mapped: it is read BLOCK rows at a time."""
-    n = len(features)
+    first, ties by row. `features` may be memory-mapped: it is read `block` rows at a time, and after the first
+    block only the rows scoring at least the k-th best so far are looked at again."""
     excl = np.sort(np.asarray(exclude if exclude is not None else [], np.int64))
-    rows, scores = [], []
-    for s in range(0, n, block):
+    best_r, best_s = np.zeros(0, np.int64), np.zeros(0, np.float32)
+    for s in range(0, len(features), block):
         sc = np.asarray(features[s:s + block]) @ q
         sc[excl[(excl >= s) & (excl < s + len(sc))] - s] = -np.inf
-        if len(sc) > k:
-            top = np.argpartition(sc, len(sc) - k)[len(sc) - k:]
-        else:
-            top = np.arange(len(sc))
-        rows.append(top + s)
-        scores.append(sc[top])
-    rows, scores = np.concatenate(rows) if rows else np.zeros(0, np.int64), \
-        np.concatenate(scores) if scores else np.zeros(0, np.float32)
-    keep = np.isfinite(scores)
-    rows, scores = rows[keep], scores[keep]
-    order = np.lexsort((rows, -scores))[:k]
-    return rows[order], scores[order]
+        sel = np.flatnonzero(sc >= best_s[-1]) if len(best_s) == k else np.flatnonzero(np.isfinite(sc))
+        if len(sel) > k:
+            sel = sel[np.argpartition(sc[sel], len(sel) - k)[len(sel) - k:]]
+        rows, scores = np.concatenate([best_r, sel + s]), np.concatenate([best_s, sc[sel]])
+        order = np.lexsort((rows, -scores))[:k]
+        best_r, best_s = rows[order], scores[order]
+    return best_r, best_s
 
 
 @dataclass
