@@ -97,6 +97,14 @@ def loss_curve_png(history: list[dict], diagnostics: dict | None = None) -> byte
     return buf.getvalue()
 
 
+def version_metrics(summary: dict) -> dict:
+    """aam_versions.metrics: the selected epoch's loss terms named as losses (`ar_loss`, not `ar`, which reads like
+    an accuracy), its validation AR top-1 and pair matching (pm_*)."""
+    final = {k: v for k, v in summary["final"].items() if k != "epoch"}
+    return {"selected_epoch": summary["selected_epoch"],
+            **{(k if k == "val_ar_top1" or k.startswith("pm_") else f"{k}_loss"): v for k, v in final.items()}}
+
+
 def _diagnostic_metadata(diag: dict | None) -> dict:
     """Flat floats (Dagster plots them across materialisations): pair matching before and after the adapter."""
     if not diag:
@@ -149,8 +157,7 @@ def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, stor
     from splavu_core.publish import record_version
 
     record_version(fs, version, {"encoder_fingerprint": fingerprint, "config": acfg.to_dict()},
-                   {"selected_epoch": summary["selected_epoch"], **summary["final"]},
-                   make_current=False)  # becomes current once its tables are published
+                   version_metrics(summary), make_current=False)  # becomes current once its tables are published
     costs.record(fs, "splavu", "train", version, summary["seconds"])
     final_losses = {k: v for k, v in summary["final"].items() if k not in ("epoch",)}
     return dg.MaterializeResult(metadata={

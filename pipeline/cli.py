@@ -118,10 +118,18 @@ def _train_aam(store, config: dict) -> str:
           f"{md['selected_epoch'].value}, {md['train_seconds'].value:.0f} s (encoder never loaded)")
     if "pair_matching" in md:
         pm = md["pair_matching"].value
-        print(f"  what a fresh critic still matches on held-out videos (chance {pm['raw']['chance']:.3f}): "
-              + ", ".join(f"{k.replace('_', '↔')} {pm['raw'][k]:.3f} → {pm['selected'][k]:.3f}"
-                          for k in pm["raw"] if k != "chance"))
+        print(f"  {pair_matching_line(md['pair_matching'].value)}")
     return md["version"].value
+
+
+def pair_matching_line(pm: dict) -> str:
+    """What a fresh critic still matches, with the chance level of the groups it was measured in."""
+    raw, after = pm["raw"], pm["selected"]
+    group = raw.get("group") or round(1 / raw["chance"])
+    among = f"among {group} of {raw['heldout']} held-out videos" if "heldout" in raw else f"among {group} held-out videos"
+    pairs = ", ".join(f"{k.replace('_', '↔')} {raw[k]:.3f} → {after[k]:.3f}" for k in ("static_static", "static_action")
+                      if k in raw)
+    return f"what a fresh critic still matches, top-1 {among} (chance 1/{group} = {raw['chance']:.3f}): {pairs}"
 
 
 def cmd_train(args) -> int:
@@ -161,11 +169,30 @@ def cmd_publish(args) -> int:
     from pipeline.runner import instance
 
     out = run_reanonymize(instance(), StoreResource(root=_store_root(args)), version=args.version or "")
-    rows = sum(v["rows"] for v in out["shards"].values())
-    last = list(out["shards"].values())[-1]
-    print(f"  published {rows} anonymized clips of {len(out['shards'])} shards with AAM {out['version']}; "
-          f"current version: {last['current_version'] or 'none'} ({last['promotion']})")
+    print(f"  {publish_summary(out)}")
     return 0
+
+
+def publish_summary(out: dict) -> str:
+    """What this publish did: clips written (shards already published are not counted as new) and whether the
+    version became current in this run, was current before, or why it is not."""
+    version, shards = out["version"], list(out["shards"].values())
+    new = [s for s in shards if not s["skipped"]]
+    if new:
+        line = f"published {sum(s['rows'] for s in new)} anonymized clips of {len(new)} shard(s) with AAM {version}"
+        if len(new) < len(shards):
+            line += f" ({len(shards) - len(new)} shard(s) already had its tables)"
+    else:
+        line = f"nothing new to publish: all {len(shards)} shard(s) already have AAM {version}'s tables"
+    promoted = next((s["promotion"] for s in shards if "now current" in s["promotion"]), None)
+    last = shards[-1]
+    if promoted:
+        state = f"AAM {version} is {promoted.split(': ', 1)[-1]}"
+    elif last["is_current"]:
+        state = f"AAM {version} was already current before this publish"
+    else:
+        state = f"current version: {last['current_version'] or 'none'}; AAM {version}: {last['promotion']}"
+    return f"{line}; {state}"
 
 
 def cmd_evaluate(args) -> int:
@@ -198,12 +225,26 @@ def evaluation_notes(res) -> list[str]:
         md = mat.step_materialization_data.materialization.metadata
         if "skipped" in md:
             skipped.update(md["skipped"].value)
-    out = [f"skipped {task}: {why}" for task, why in sorted(skipped.items())]
+    out = skip_lines(skipped)
     for ev in res.get_asset_check_evaluations():
         if not ev.passed:
             level = "warning" if ev.severity.value == "WARN" else "error"
             out.append(f"{level}: check {ev.check_name} failed: {ev.description}")
     return out
+
+
+def skip_lines(skipped: dict[str, str]) -> list[str]:
+    """{task or "<feature set>:<task>": why} -> one line per task and reason (not per feature set); the tasks that
+    have no registered dataset share one line."""
+    by_task: dict[tuple[str, str], list[str]] = {}
+    for key, why in skipped.items():
+        feature_set, _, task = key.rpartition(":")
+        by_task.setdefault((task, why), []).append(feature_set or "raw")
+    no_data = sorted({task for task, why in by_task if "(no dataset with role" in why})
+    out = [f"skipped {', '.join(no_data)}: no dataset is registered with {'that role' if len(no_data) == 1 else 'those roles'} "
+           f"(splavu ingest NAME MANIFEST --roles ROLE)"] if no_data else []
+    return out + [f"skipped {task} ({', '.join(sets)}): {why}" for (task, why), sets in sorted(by_task.items())
+                  if task not in no_data]
 
 
 def cmd_ablations(args) -> int:
@@ -341,9 +382,15 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(prog="splavu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", help="store root (default $SPLAVU_STORE or ./store)")
+    # every subcommand takes --store too (`splavu sql --store X ...`); SUPPRESS keeps the one given before it otherwise
+    store_opt = argparse.ArgumentParser(add_help=False)
+    store_opt.add_argument("--store", default=argparse.SUPPRESS, help="store root (default $SPLAVU_STORE or ./store)")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    p = sub.add_parser("synth", help="generate the synthetic benchmark")
+    def add(name: str, **kw) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[store_opt], **kw)
+
+    p = add("synth", help="generate the synthetic benchmark")
     p.add_argument("--scale", default="demo", choices=["tiny", "demo", "large"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
@@ -354,7 +401,7 @@ def main(argv=None) -> int:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_synth)
 
-    p = sub.add_parser("ingest", help="register a dataset (folder + manifest) and its shards")
+    p = add("ingest", help="register a dataset (folder + manifest) and its shards")
     p.add_argument("name")
     p.add_argument("manifest")
     p.add_argument("--shard-size", type=int, default=256)
@@ -363,30 +410,30 @@ def main(argv=None) -> int:
                                    "default: the dataset's name when it is one of these")
     p.set_defaults(fn=cmd_ingest)
 
-    p = sub.add_parser("extract", help="extract raw latents of registered datasets")
+    p = add("extract", help="extract raw latents of registered datasets")
     p.add_argument("--dataset", nargs="*")
     p.add_argument("--checkpoint", help="VideoMAE / V-JEPA 2 directory or hub id (default: the demo encoder)")
     p.set_defaults(fn=cmd_extract)
 
-    p = sub.add_parser("train", help="train an AAM from the store's cached latents (Dagster run)")
+    p = add("train", help="train an AAM from the store's cached latents (Dagster run)")
     p.add_argument("--config", help="JSON of AAMTrainingConfig fields, e.g. '{\"epochs\": 30, \"w_lc\": 10}'")
     p.add_argument("--tasks", help="utility tasks to co-train, e.g. ar,tad (default: every task with labelled data)")
     p.set_defaults(fn=cmd_train)
 
-    p = sub.add_parser("publish", help="anonymize every shard with an AAM version and rebuild the catalog")
+    p = add("publish", help="anonymize every shard with an AAM version and rebuild the catalog")
     p.add_argument("--version", help="AAM version (default: the newest)")
     p.set_defaults(fn=cmd_publish)
 
-    p = sub.add_parser("evaluate", help="score raw vs anonymized features; write reports/privacy_utility.*")
+    p = add("evaluate", help="score raw vs anonymized features; write reports/privacy_utility.*")
     p.add_argument("--version", help="AAM version (default: the newest)")
     p.set_defaults(fn=cmd_evaluate)
 
-    p = sub.add_parser("ablations", help="train and score the ablation variants; write reports/ablations.*")
+    p = add("ablations", help="train and score the ablation variants; write reports/ablations.*")
     p.add_argument("--variants", nargs="*")
     p.add_argument("--epochs", type=int)
     p.set_defaults(fn=cmd_ablations)
 
-    p = sub.add_parser("baselines", help="pixel-space baselines (blur, blacken, 2x/4x downsampling) through the same "
+    p = add("baselines", help="pixel-space baselines (blur, blacken, 2x/4x downsampling) through the same "
                                          "encoder and evaluation; adds their rows and costs to the report")
     p.add_argument("--only", nargs="*", help="baselines to run (default: all of blur blacken down2 down4)")
     p.add_argument("--masks", default="none", choices=["none", "rendered", "hog"],
@@ -397,7 +444,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-evaluate", action="store_true", help="extract only")
     p.set_defaults(fn=cmd_baselines)
 
-    p = sub.add_parser("demo", help="run the pipeline on the embedded synthetic benchmark")
+    p = add("demo", help="run the pipeline on the embedded synthetic benchmark")
     p.add_argument("--data", default="data/synth")
     p.add_argument("--scale", default="demo", choices=["tiny", "demo", "large"])
     p.add_argument("--seed", type=int, default=0)
@@ -406,12 +453,12 @@ def main(argv=None) -> int:
     p.add_argument("--regenerate", action="store_true")
     p.set_defaults(fn=cmd_demo)
 
-    p = sub.add_parser("sql", help="run a read-only SQL query on the catalog (catalog.duckdb)")
+    p = add("sql", help="run a read-only SQL query on the catalog (catalog.duckdb)")
     p.add_argument("query", help='e.g. "SELECT split, count(*) FROM clips GROUP BY split"')
     p.add_argument("--format", default="table", choices=["table", "csv", "json"])
     p.set_defaults(fn=cmd_sql)
 
-    p = sub.add_parser("neighbors", help="nearest clips to a video in the current anonymized table")
+    p = add("neighbors", help="nearest clips to a video in the current anonymized table")
     p.add_argument("video_id")
     p.add_argument("--version", help="AAM version whose published table to search (default: the current one)")
     p.add_argument("--k", type=int, default=10)
@@ -424,7 +471,7 @@ def main(argv=None) -> int:
     p.add_argument("--format", default="table", choices=["table", "csv", "json"])
     p.set_defaults(fn=cmd_neighbors)
 
-    p = sub.add_parser("fail-run", help="mark a run whose process is gone failed and free its pool slots "
+    p = add("fail-run", help="mark a run whose process is gone failed and free its pool slots "
                                         "(runs of this host are found and failed automatically)")
     p.add_argument("run_id")
     p.set_defaults(fn=cmd_fail_run)

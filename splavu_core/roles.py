@@ -146,11 +146,17 @@ class TrainingPlan:
     selection: str                         # "val_ar" or "last"
     missing: dict[str, str]                # task -> why it has no data
     available: dict[str, str]              # every training task with labelled data -> its dataset
+    requested: bool = False                # the tasks were chosen (--tasks), not every task with data
 
     def summary(self) -> str:
         used = ", ".join(f"{t} ({self.datasets[t]})" for t in self.tasks) or "no utility task"
         line = f"training on {used}"
-        if self.missing:
+        left = [t for t in TRAINING_ROLES if t not in self.tasks]
+        if self.requested:
+            if left:
+                chosen = ",".join(self.tasks) or "''"
+                line += f"; not on {', '.join(left)} (--tasks {chosen})"
+        elif self.missing:
             line += "; without " + ", ".join(self.missing) + " (no labelled data: " + \
                     "; ".join(self.missing.values()) + ")"
         return line + ("" if self.selection == "val_ar" else "; model selection: last epoch (no AR val videos)")
@@ -222,4 +228,4 @@ def training_plan(store, tasks=None, overrides: dict[str, str] | None = None, se
             for t in TRAINING_ROLES}
     return TrainingPlan(tasks=chosen, datasets=used, selection=selection,
                         missing={t: missing[t] for t in TRAINING_ROLES if t in missing and t not in chosen},
-                        available=datasets)
+                        available=datasets, requested=tasks is not None)

@@ -91,7 +91,7 @@ def test_training_never_reads_private_attribute_labels(store_copy):
     assert v1 == v2, "the AAM version changed when only private-attribute labels changed"
     # the diagnostics ran and are in the summary
     d = summary["diagnostics"]
-    assert set(d["raw"]) == {"chance", "static_static", "static_action"} and len(d["during"]) == 2
+    assert set(d["raw"]) == {"chance", "group", "heldout", "static_static", "static_action"} and len(d["during"]) == 2
     assert summary["heldout_videos"] >= 6 and summary["erasure"]["rank"] == 4
 
 

@@ -394,3 +394,24 @@ def test_a_version_failing_the_budget_stays_out(env, monkeypatch):
     assert "budget 1.01" in pub.refused_versions(env.fs)[v]["why"]  # recorded for the analysts' notice
     cat.build_catalog(env.fs)  # and the refused table stays out of the analysts' catalog
     assert v not in cat.query(env.fs, "SELECT DISTINCT aam_version FROM anonymized_features_all")["aam_version"].to_pylist()
+
+
+def test_cli_store_option_after_the_subcommand(env, capsys):
+    """The README: every command takes --store; after the subcommand too (it used to be refused there)."""
+    rc, out, err = cli(capsys, "sql", "--store", str(env.root), "SELECT count(*) AS n FROM videos", "--format", "json")
+    assert rc == 0 and json.loads(out)[0]["n"] > 0, err
+    rc, _, err = cli(capsys, "--store", str(env.tmp.mktemp("elsewhere")), "sql", "--store", str(env.root), "SELECT 1")
+    assert rc == 0, err  # the one after the subcommand wins
+
+
+def test_publish_says_what_it_did(env):
+    """First publish: the version became current in this run; again: nothing new, and current since before
+    (it used to print "published N clips ... (already current)" for a publish that wrote nothing)."""
+    from pipeline.cli import publish_summary
+
+    first = publish_summary(env.first)
+    assert f"with AAM {env.v1}" in first and f"AAM {env.v1} is now current (was None)" in first
+    again = publish_summary(run_reanonymize(env.inst, env.store, version=env.v1, catalog=False))
+    n = len(env.first["shards"])
+    assert again == (f"nothing new to publish: all {n} shard(s) already have AAM {env.v1}'s tables; "
+                     f"AAM {env.v1} was already current before this publish")
