@@ -25,7 +25,6 @@ from splavu_core.evaluation.suite import (DEFAULT_DATASETS, RAW, UTILITY_KEYS, b
                                           newest_version, privacy_budget_measure, read_metric_rows, write_metric_rows)
 from splavu_core.evaluation.suite import DEFAULT_PRIVACY_BUDGET, PRIVACY_BUDGET_ENV
 from splavu_core.evaluation.suite import utility_retention as retention_per_metric
-from pipeline.inprocess import quiet
 from splavu_core import costs
 from splavu_core.baselines import eval_shards, existing_baselines, stale_shards
 from splavu_core.roles import task_datasets
@@ -313,18 +312,3 @@ def utility_retention(context: dg.AssetCheckExecutionContext, config: UtilityRet
 
 ASSETS = [*EVAL_ASSETS, privacy_utility_report]
 CHECKS = [privacy_budget, utility_retention]
-
-
-def run_evaluation(store, config: dict | None = None, instance: dg.DagsterInstance | None = None,
-                   raise_on_error: bool = True) -> dg.ExecuteInProcessResult:
-    """Materialise every *_eval asset, privacy_utility_report and its utility_retention check in-process
-    (for the CLI / `make demo`). store: FeatureStore, StoreResource or root path; config: EvalConfig fields
-    applied to every eval asset (e.g. {"aam_version": ...}). The report is then at
-    <root>/reports/privacy_utility.{json,md,png} (splavu_core.evaluation.report.read_report)."""
-    root = str(getattr(store, "root", store))
-    ops = {a.node_def.name: {"config": dict(config or {})} for a in EVAL_ASSETS}
-    if config and config.get("aam_version"):
-        ops[privacy_utility_report.node_def.name] = {"config": {"aam_version": config["aam_version"]}}
-    return dg.materialize([*EVAL_ASSETS, privacy_utility_report, utility_retention], instance=instance,
-                          resources={"store": StoreResource(root=root)}, run_config=quiet({"ops": ops}),
-                          tags={"splavu/entry": "cli"}, raise_on_error=raise_on_error)

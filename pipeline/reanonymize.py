@@ -21,8 +21,8 @@ asset itself skips a shard already published with that version):
                               or in progress: rebuild the catalog once
 
 Ad hoc from the UI, selecting anonymized_features + feature_catalog and "Materialize all" launches
-an asset backfill that runs every shard and then the catalog once; `run_reanonymize` below does
-the same in-process (no daemon), for the CLI, `make demo` and tests.
+an asset backfill that runs every shard and then the catalog once; pipeline/runner.py `run_reanonymize`
+does the same in-process (no daemon), for the CLI, `make demo` and tests.
 """
 from __future__ import annotations
 
@@ -30,13 +30,10 @@ import os
 
 import dagster as dg
 
-from assets.anonymized import (anonymized_features, newest_version, registered_shards, resolve_version,
-                               shards_lacking, target_versions)
-from assets.catalog import feature_catalog
+from assets.anonymized import newest_version, registered_shards, resolve_version, shards_lacking, target_versions
 from pipeline.partitions import shards
 from pipeline.resources import StoreResource
 from splavu_core.publish import PublishError
-from pipeline.inprocess import quiet
 
 DEFAULT_CRON = "0 3 * * *"
 IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
@@ -177,30 +174,3 @@ def refresh_catalog_sensor(context: dg.SensorEvaluationContext):
         return dg.SkipReason(f"waiting for {busy} reanonymize run(s) to finish")
     request = dg.RunRequest(run_key=f"catalog:{newest}", tags={"splavu/trigger": "reanonymize"})
     return dg.SensorResult(run_requests=[request], cursor=str(newest))
-
-
-# ---------------------------------------------------------------- in-process (no daemon)
-
-def run_reanonymize(instance: dg.DagsterInstance, store: StoreResource, version: str = "",
-                    shard_keys: list[str] | None = None, retention: int = 0, catalog: bool = True) -> dict:
-    """Publish `shard_keys` (default: every registered shard with latents) with `version` (default newest),
-    one run per shard as the job does, then rebuild the catalog. Raises on the first failing shard."""
-    fs = store.store()
-    version = resolve_version(fs, version)
-    keys = shard_keys if shard_keys is not None else [s for s in registered_shards(fs) if fs.committed(s)]
-    have = set(instance.get_dynamic_partitions(shards.name))
-    if set(keys) - have:
-        instance.add_dynamic_partitions(shards.name, sorted(set(keys) - have))
-    out = {"version": version, "shards": {}}
-    for key in keys:
-        res = dg.materialize([anonymized_features], instance=instance, partition_key=key,
-                             resources={"store": store}, run_config=quiet(anonymize_run_config(version, retention)),
-                             tags={"splavu/trigger": "cli", "splavu/aam_version": version})
-        out["shards"][key] = {k: v.value for k, v in res.asset_materializations_for_node("anonymized_features")[0]
-                              .metadata.items()}
-    if catalog:
-        res = dg.materialize([feature_catalog], instance=instance, resources={"store": store}, run_config=quiet(),
-                             tags={"splavu/trigger": "cli"})
-        out["catalog"] = {k: v.value for k, v in res.asset_materializations_for_node("feature_catalog")[0]
-                          .metadata.items()}
-    return out

@@ -286,7 +286,7 @@ def test_killed_writer_leaves_nothing_visible_and_rerun_equals_a_clean_write(s3,
 def test_end_to_end_on_s3_matches_local_disk(s3, tiny_store, tiny_bench, tiny_videomae, monkeypatch, capsys):
     import dagster as dg
 
-    from pipeline.reanonymize import run_reanonymize
+    from pipeline.runner import run_reanonymize
     from pipeline.resources import EncoderResource, StoreResource
     from pipeline.runner import ingest, materialize_shard
     from splavu_core import catalog as cat

@@ -23,8 +23,9 @@ from assets.catalog import feature_catalog
 from pipeline.cli import main
 from pipeline.reanonymize import (anonymize_new_shards, build_reanonymize_schedule, reanonymize_job,
                                   reanonymize_on_new_aam, reanonymize_schedule, refresh_catalog_job,
-                                  refresh_catalog_sensor, run_reanonymize)
+                                  refresh_catalog_sensor)
 from pipeline.resources import StoreResource
+from pipeline.runner import run_reanonymize
 from splavu_core import publish as pub
 from splavu_core import catalog as cat
 
@@ -38,10 +39,10 @@ def refuse(*a, **k):
 
 
 def train_aam(inst, store, **over) -> str:
-    from assets.aam import aam_model
+    """The `train_aam` job, as `splavu train` runs it."""
+    from pipeline import runner
 
-    res = dg.materialize([aam_model], instance=inst, resources={"store": store},
-                         run_config={"ops": {"aam_model": {"config": {**AAM, **over}}}})
+    res = runner.train_aam(inst, store, {**AAM, **over})
     return res.asset_materializations_for_node("aam_model")[0].metadata["version"].value
 
 
@@ -135,6 +136,20 @@ def test_every_shard_published_from_cached_latents_only(env):
     assert pub.current_version(fs) == env.v1
     assert env.first["catalog"]["rows"]["anonymized_features"] == total
     assert env.first["catalog"]["aam_version"] == env.v1
+
+
+def test_publish_says_what_it_did(env):
+    """First publish: the version became current in this run; again: nothing new, and current since before
+    (it used to print "published N clips ... (already current)" for a publish that wrote nothing). Runs right
+    after the env's first publish, before other tests add versions and shards."""
+    from pipeline.cli import publish_summary
+
+    first = publish_summary(env.first)
+    assert f"with AAM {env.v1}" in first and f"AAM {env.v1} is now current (was None)" in first
+    again = publish_summary(run_reanonymize(env.inst, env.store, version=env.v1, catalog=False))
+    n = len(env.first["shards"])
+    assert again == (f"nothing new to publish: all {n} shard(s) already have AAM {env.v1}'s tables; "
+                     f"AAM {env.v1} was already current before this publish")
 
 
 def test_rerun_skips_a_published_shard(env):
@@ -353,7 +368,7 @@ import splavu_core.encoders.vfm as vfm
 def refuse(*a, **k):
     raise AssertionError("the encoder must never be loaded")
 vfm.load_encoder = refuse
-from pipeline.reanonymize import run_reanonymize
+from pipeline.runner import run_reanonymize
 from pipeline.resources import StoreResource
 out = run_reanonymize(dg.DagsterInstance.ephemeral(), StoreResource(root=sys.argv[1]), shard_keys=[sys.argv[2]])
 print(json.dumps({"skipped": out["shards"][sys.argv[2]]["skipped"], "views": out["catalog"]["views"],
@@ -404,14 +419,15 @@ def test_cli_store_option_after_the_subcommand(env, capsys):
     assert rc == 0, err  # the one after the subcommand wins
 
 
-def test_publish_says_what_it_did(env):
-    """First publish: the version became current in this run; again: nothing new, and current since before
-    (it used to print "published N clips ... (already current)" for a publish that wrote nothing)."""
-    from pipeline.cli import publish_summary
-
-    first = publish_summary(env.first)
-    assert f"with AAM {env.v1}" in first and f"AAM {env.v1} is now current (was None)" in first
-    again = publish_summary(run_reanonymize(env.inst, env.store, version=env.v1, catalog=False))
-    n = len(env.first["shards"])
-    assert again == (f"nothing new to publish: all {n} shard(s) already have AAM {env.v1}'s tables; "
-                     f"AAM {env.v1} was already current before this publish")
+def test_cli_runs_are_the_code_locations_named_jobs(env):
+    """What `splavu train` / `publish` start shows in the instance's run records (and so in the UI) under the job's
+    name with its asset selection, never as __ephemeral_asset_job__ with an empty selection."""
+    runs = [r for r in env.inst.get_runs() if r.tags.get("splavu/entry") == "cli"]
+    by_job: dict[str, set] = {}
+    for r in runs:
+        by_job.setdefault(r.job_name, set()).update(k.to_user_string() for k in r.asset_selection or ())
+    assert by_job["train_aam"] == {"aam_model"}
+    assert by_job["reanonymize"] == {"anonymized_features"} and by_job["refresh_catalog"] == {"feature_catalog"}
+    assert "__ephemeral_asset_job__" not in by_job
+    shard_runs = [r for r in runs if r.job_name == "reanonymize"]
+    assert {r.tags["dagster/partition"] for r in shard_runs} >= set(env.first["shards"])
