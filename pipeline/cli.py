@@ -107,22 +107,25 @@ def cmd_extract(args) -> int:
 
 def _train_aam(store, config: dict) -> str:
     r = _runner()
-    md = r.train_aam(r.instance(), store, config).asset_materializations_for_node("aam_model")[0].metadata
-    print(f"  AAM {md['version'].value}: {md['parameters'].value} parameters, selected epoch "
-          f"{md['selected_epoch'].value}, {md['train_seconds'].value:.0f} s (encoder never loaded)")
-    if "pair_matching" in md:
-        print(f"  {pair_matching_line(md['pair_matching'].value)}")
-    return md["version"].value
+    res = r.train_aam(r.instance(), store, config)
+    md = {k: v.value for k, v in res.asset_materializations_for_node("aam_model")[0].metadata.items()}
+    print(f"  AAM {md['version']}: {md['parameters']} parameters, selected epoch "
+          f"{md['selected_epoch']}, {md['train_seconds']:.0f} s (encoder never loaded)")
+    if "pair_matching_chance" in md:
+        print(f"  {pair_matching_line(md)}")
+    return md["version"]
 
 
-def pair_matching_line(pm: dict) -> str:
-    """What a fresh critic still matches, with the chance level of the groups it was measured in."""
-    raw, after = pm["raw"], pm["selected"]
-    group = raw.get("group") or round(1 / raw["chance"])
-    among = f"among {group} of {raw['heldout']} held-out videos" if "heldout" in raw else f"among {group} held-out videos"
-    pairs = ", ".join(f"{k.replace('_', '↔')} {raw[k]:.3f} → {after[k]:.3f}" for k in ("static_static", "static_action")
-                      if k in raw)
-    return f"what a fresh critic still matches, top-1 {among} (chance 1/{group} = {raw['chance']:.3f}): {pairs}"
+def pair_matching_line(md: dict) -> str:
+    """What a fresh critic still matches (aam_model's pair_matching_* metadata), with the chance level of the groups
+    it was measured in."""
+    chance = md["pair_matching_chance"]
+    group = md.get("pair_matching_group") or round(1 / chance)
+    among = f"among {group} of {md['pair_matching_heldout']} held-out videos" if "pair_matching_heldout" in md \
+        else f"among {group} held-out videos"
+    pairs = ", ".join(f"{k.replace('_', '↔')} {md[f'pair_matching_{k}_raw']:.3f} → {md[f'pair_matching_{k}_after']:.3f}"
+                      for k in ("static_static", "static_action") if f"pair_matching_{k}_raw" in md)
+    return f"what a fresh critic still matches, top-1 {among} (chance 1/{group} = {chance:.3f}): {pairs}"
 
 
 def cmd_train(args) -> int:

@@ -73,8 +73,9 @@ def _add_partitions(context, keys: list[str]) -> list:
 # ---------------------------------------------------------------- (a) a new AAM version
 
 @dg.asset_sensor(asset_key=dg.AssetKey("aam_model"), job=reanonymize_job, name="reanonymize_on_new_aam",
-                 minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
-                 description="A new aam_model materialisation re-anonymizes every registered shard with it.")
+                 minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.STOPPED,
+                 description="A new aam_model materialisation re-anonymizes every registered shard with it. Writes "
+                             "to the store, so it starts stopped: turn it on in the UI (Automation).")
 def reanonymize_on_new_aam(context: dg.SensorEvaluationContext, asset_event: dg.EventLogEntry, store: StoreResource):
     fs = store.store()
     mat = asset_event.asset_materialization
@@ -101,9 +102,9 @@ def reanonymize_on_new_aam(context: dg.SensorEvaluationContext, asset_event: dg.
 # ---------------------------------------------------------------- (c) new shards (e.g. from the inbox)
 
 @dg.sensor(job=reanonymize_job, name="anonymize_new_shards", minimum_interval_seconds=30,
-           default_status=dg.DefaultSensorStatus.RUNNING,
+           default_status=dg.DefaultSensorStatus.STOPPED,
            description="A new clip_latents materialisation (new or re-extracted shard) is anonymized with the "
-                       "current AAM (and the one being rolled out), unless its table already exists.")
+                       "current AAM (and the one being rolled out), unless its table already exists. Starts stopped.")
 def anonymize_new_shards(context: dg.SensorEvaluationContext, store: StoreResource):
     res = context.instance.fetch_materializations(dg.AssetKey("clip_latents"), limit=1000, cursor=context.cursor,
                                                   ascending=True)
@@ -159,9 +160,9 @@ reanonymize_schedule = build_reanonymize_schedule()
 # ---------------------------------------------------------------- the catalog after a batch
 
 @dg.sensor(job=refresh_catalog_job, name="refresh_catalog_sensor", minimum_interval_seconds=60,
-           default_status=dg.DefaultSensorStatus.RUNNING,
+           default_status=dg.DefaultSensorStatus.STOPPED,
            description="Rebuilds the catalog once anonymized_features has new materialisations and no "
-                       "reanonymize run is queued or in progress (one rebuild per batch of shard runs).")
+                       "reanonymize run is queued or in progress (one rebuild per batch of shard runs). Starts stopped.")
 def refresh_catalog_sensor(context: dg.SensorEvaluationContext):
     latest = context.instance.fetch_materializations(dg.AssetKey("anonymized_features"), limit=1).records
     if not latest:

@@ -70,7 +70,10 @@ def test_pair_matching_line_names_its_chance_level():
     static = np.random.default_rng(0).standard_normal((90, 2, 8)).astype(np.float32)
     fit, held = heldout_split(90)
     raw = pair_matching_report(static, None, fit, held, steps=3)
-    line = pair_matching_line({"raw": raw, "selected": raw})
+    from assets.aam import _diagnostic_metadata
+
+    md = {k: v.value for k, v in _diagnostic_metadata({"raw": raw, "selected": raw, "during": []}).items()}
+    line = pair_matching_line(md)
     assert f"top-1 among 32 of {len(held)} held-out videos (chance 1/32 = 0.031): static↔static" in line
 
 

@@ -431,3 +431,12 @@ def test_cli_runs_are_the_code_locations_named_jobs(env):
     assert "__ephemeral_asset_job__" not in by_job
     shard_runs = [r for r in runs if r.job_name == "reanonymize"]
     assert {r.tags["dagster/partition"] for r in shard_runs} >= set(env.first["shards"])
+
+
+def test_sensors_that_write_to_the_store_start_stopped():
+    """`dagster dev` must not launch runs that write to the store until someone turns a sensor on."""
+    from pipeline.definitions import defs
+
+    assert {s.name: s.default_status for s in defs.sensors} == {
+        name: dg.DefaultSensorStatus.STOPPED
+        for name in ("inbox_sensor", "reanonymize_on_new_aam", "anonymize_new_shards", "refresh_catalog_sensor")}
