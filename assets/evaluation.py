@@ -115,7 +115,7 @@ def evaluate_tasks(context, store: StoreResource, config: EvalConfig, tasks: tup
     md = {"aam_version": version, "rows": len(rows), "paths": dg.MetadataValue.json([str(p) for p in paths]),
           "skipped": dg.MetadataValue.json({**raw_rows.skipped, **{f"{SPLAVU}:{k}": v for k, v in anon_rows.skipped.items()}})}
     for r in rows:  # flat floats: Dagster plots them across materialisations
-        md[f"{r['feature_set']}/{r['task']}/{r['metric']}"] = float(r["value"])
+        md[f"{r['feature_set']}/{r['task']}/{r['metric']}"] = dg.MetadataValue.float(float(r["value"]))
     others = {SPLAVU: anon_rows, **baseline_rows}
     table = ["| task | metric | raw | " + " | ".join(others) + " |", "|---|---|---:|" + "---:|" * len(others)]
     for r in raw_rows:
@@ -199,12 +199,13 @@ def privacy_utility_report(context: dg.AssetExecutionContext, config: ReportConf
     paths = write_privacy_utility_report(fs, report)
     png = paths["png"].read_bytes()
     splavu = report["rows"][1]
-    md = {"aam_version": version, "path": str(paths["json"]), "markdown_path": str(paths["md"]),
-          "png_path": str(paths["png"]), "report": dg.MetadataValue.json(report),
+    md = {"aam_version": version, "path": dg.MetadataValue.path(str(paths["json"])),
+          "markdown_path": dg.MetadataValue.path(str(paths["md"])), "png_path": dg.MetadataValue.path(str(paths["png"])),
+          "report": dg.MetadataValue.json(report),
           "table": dg.MetadataValue.md(report_markdown(report)), "tradeoff": dg.MetadataValue.md(png_markdown(png))}
     for k in ("privacy_cmap", "leakage_removed", *UTILITY_KEYS):
         if splavu.get(k) is not None:
-            md[f"splavu/{k}"] = float(splavu[k])
+            md[f"splavu/{k}"] = dg.MetadataValue.float(float(splavu[k]))  # charted across versions (Plots tab)
     return dg.MaterializeResult(metadata=md)
 
 
