@@ -38,6 +38,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from splavu_core import analyst  # noqa: E402
 from splavu_core import catalog as cat  # noqa: E402
 from splavu_core import neighbors as nn  # noqa: E402
 from splavu_core.publish import anonymized_schema, record_version  # noqa: E402
@@ -152,7 +153,7 @@ def main() -> None:
                "exact_target_ms": 50, "exact_target_met": statistics.median(warm) < 50,
                "approximate": approximate, "open_ms": round(t_open, 2)}
         if args.duckdb_runs:
-            duck_ms, _, duck = timed(lambda: cat.neighbors(store, videos[0], k=10), args.duckdb_runs)
+            duck_ms, _, duck = timed(lambda: analyst.neighbors(store, videos[0], k=10), args.duckdb_runs)
             fast = exact[videos[0]]
             out.update(duckdb_ms=round(duck_ms, 1),
                        same_answer=duck["video_id"].to_pylist() == fast["video_id"].to_pylist()

@@ -80,10 +80,6 @@ class AblationConfig(AAMTrainingConfig, ProbeSettings):
 ABLATIONS = "reports/ablations"  # key of the ablation records in the store
 
 
-def ablations_dir(fs: FeatureStore):
-    return fs.loc(ABLATIONS)
-
-
 def _read_record(fs: FeatureStore, key: str) -> dict | None:
     try:
         return fs.fs.read_json(key)

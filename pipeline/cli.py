@@ -26,7 +26,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from splavu_core.catalog import CatalogError, build_catalog, catalog_path, empty_reason, format_table, query
+from splavu_core.analyst import query
+from splavu_core.catalog import CatalogError, build_catalog, catalog_path, empty_reason
 from splavu_core.manifest import ManifestError
 from splavu_core.masks import PixelError
 from splavu_core.neighbors import Index, NeighborsError, neighbors, refuse_if_refused
@@ -34,6 +35,7 @@ from splavu_core.publish import current_version, read_versions
 from splavu_core.registry import registered, registration
 from splavu_core.roles import describe_registration, parse_roles, training_plan
 from splavu_core.store import FeatureStore, StoreError
+from splavu_core.tables import format_table
 from splavu_core.synth.datasets import BENCHMARKS, DATASETS, DEFAULT_BENCHMARK, BenchmarkMismatch, generate, plan
 
 

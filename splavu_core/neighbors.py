@@ -42,8 +42,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .catalog import catalog_dir
+from .manifest import load_manifest
 from .publish import (_features, anonymized_key, current_version, published_shards, read_anonymized, read_versions,
                       refused_versions)
+from .registrations import registered
 from .registry import dataset_of
 from .store import FeatureStore, StoreError
 
@@ -94,7 +96,7 @@ def default_lists(n: int) -> int:
 def build_ivf(unit: np.ndarray, nlist: int | None = None, seed: int = 0):
     """A faiss IVF index (inner product, 8-bit scalar quantizer) over L2-normalised rows; k-means on a fixed sample
     of 64 rows per list."""
-    import faiss  # only the approximate mode needs it (and only tables past APPROX_MIN_ROWS)
+    import faiss  # here: a 0.4 s import that only the approximate mode (tables past APPROX_MIN_ROWS) needs
 
     n, d = unit.shape
     nlist = min(nlist or default_lists(n), n)
@@ -322,6 +324,7 @@ def neighbors(store: FeatureStore, video_id: str, k: int = 10, reduce: str = "me
 
 def _budget_reason(store: FeatureStore, version: str) -> str | None:
     """Why the privacy budget refused `version`, from its cached measurement (None: not measured / passed)."""
+    # inside the function: suite -> catalog -> publish -> neighbors is the circle the version ledger (issue 19) breaks
     from .evaluation.suite import DEFAULT_PRIVACY_BUDGET, PRIVACY_BUDGET_ENV, _safe, budget_verdict
 
     try:
@@ -334,8 +337,6 @@ def _budget_reason(store: FeatureStore, version: str) -> str | None:
 
 def version_status(store: FeatureStore) -> list[str]:
     """One phrase per recorded version: shards published, current or why not."""
-    from .registry import registered
-
     all_shards = {s for reg in registered(store).values() for s in reg["shards"]} | set(store.committed_shards())
     out = []
     for r in sorted(read_versions(store).to_pylist(), key=lambda r: r["created_at"], reverse=True):
@@ -361,9 +362,6 @@ def explain_no_current(store: FeatureStore) -> str:
 
 
 def explain_missing_video(store: FeatureStore, video_id: str, dataset: str | None, version: str) -> str:
-    from .manifest import load_manifest
-    from .registry import registered
-
     where = [name for name, reg in registered(store).items() if (dataset in (None, name)) and any(
         r["video_id"] == video_id for r in load_manifest(reg["manifest"], check_files=False).rows)]
     of = f" of dataset {dataset!r}" if dataset else ""

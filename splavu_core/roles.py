@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .manifest import load_manifest
+from .registrations import registered
 from .store import StoreError
 
 
@@ -96,8 +98,6 @@ def describe_registration(reg: dict) -> str:
     """One line: the roles a registered dataset serves and whether it gets static clips (or a hint)."""
     roles = roles_of(reg)
     if not roles:
-        from .manifest import load_manifest
-
         hint = suggested_roles(load_manifest(reg["manifest"], check_files=False).to_arrow().column_names)
         return (f"roles: none, so no task reads it; its columns could serve {', '.join(hint) or 'no role'}: "
                 f"re-run with --roles {','.join(hint) or 'ROLE'}")
@@ -127,8 +127,6 @@ def none_with(role: str) -> str:
 
 def task_datasets(store, overrides: dict[str, str] | None = None) -> dict[str, str]:
     """task -> dataset for every role: an explicit override, else the dataset registered with that role."""
-    from .registry import registered
-
     found = role_datasets(registered(store))
     overrides = {t: d for t, d in (overrides or {}).items() if d}
     out = {r: overrides.get(r) or found[r] or none_with(r) for r in ROLES}
@@ -164,8 +162,6 @@ class TrainingPlan:
 
 def _labelled(reg: dict, task: str) -> str | None:
     """Why `task` cannot train on the dataset of `reg`, or None when its training videos carry the labels."""
-    from .manifest import load_manifest
-
     rows = load_manifest(reg["manifest"], check_files=False).rows
     train = [r for r in rows if r["split"] == "train"]
     if task == "ar":
@@ -178,16 +174,12 @@ def _labelled(reg: dict, task: str) -> str | None:
 
 
 def _has_val(reg: dict) -> bool:
-    from .manifest import load_manifest
-
     return any(r["split"] == "val" and r.get("action") for r in load_manifest(reg["manifest"], check_files=False).rows)
 
 
 def training_plan(store, tasks=None, overrides: dict[str, str] | None = None, selection: str = "") -> TrainingPlan:
     """The tasks training co-trains and the datasets it reads. tasks None: every training task whose labelled
     data is registered. A requested task without data raises RoleError saying how to add it or drop it."""
-    from .registry import registered
-
     regs = registered(store)
     found = role_datasets(regs)
     overrides = {t: d for t, d in (overrides or {}).items() if d}

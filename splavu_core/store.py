@@ -80,13 +80,6 @@ class ShardLatents:
     quarantine: pa.Table       # QUARANTINE_SCHEMA
 
 
-def table_hash(table: pa.Table) -> str:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()[:16]
-
-
 def write_parquet_atomic(table: pa.Table, path: Path) -> None:
     """A local Parquet file, replaced atomically (temp file + os.replace). Stores use store.fs.write_parquet."""
     path.parent.mkdir(parents=True, exist_ok=True)

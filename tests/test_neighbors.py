@@ -7,6 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from splavu_core import analyst
 from splavu_core import catalog as cat
 from splavu_core import neighbors as nn
 from splavu_core import publish as pub
@@ -21,7 +22,7 @@ def test_index_answers_what_duckdb_answers(store):
     index = nn.Index.open(store, version)
     assert index.from_index
     for vid, reduce, k in (("ar-000_v1", "mean", 5), ("tad-000_v0", "first", 100)):
-        want = cat.neighbors(store, vid, k=k, reduce=reduce)
+        want = analyst.neighbors(store, vid, k=k, reduce=reduce)
         got = nn.neighbors(store, vid, k=k, reduce=reduce, index=index)
         assert got["video_id"].to_pylist() == want["video_id"].to_pylist()
         assert got["clip_index"].to_pylist() == want["clip_index"].to_pylist()

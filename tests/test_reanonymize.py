@@ -27,6 +27,7 @@ from pipeline.reanonymize import (anonymize_new_shards, build_reanonymize_schedu
 from pipeline.resources import StoreResource
 from pipeline.runner import run_reanonymize
 from splavu_core import publish as pub
+from splavu_core import analyst
 from splavu_core import catalog as cat
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,7 +173,7 @@ def test_catalog_asset_is_idempotent_and_records_runs(env):
     same = lambda r: {k: v for k, v in r.items() if k not in ("runs", "storage")}  # noqa: E731
     assert same(a["rows"]) == same(b["rows"])
     assert b["rows"]["runs"] == a["rows"]["runs"] + 1  # the second build's own run
-    runs = cat.query(env.fs, "SELECT run_id, job, status, finished_at FROM runs").to_pylist()
+    runs = analyst.query(env.fs, "SELECT run_id, job, status, finished_at FROM runs").to_pylist()
     by_id = {r["run_id"]: r for r in runs}
     assert by_id[res.run_id]["status"] == "STARTED"  # its own run, as of its build
     done = [r for r in runs if r["status"] == "SUCCESS"]
@@ -192,7 +193,7 @@ def test_cli_sql_and_neighbors(env, capsys):
                      "--format", "csv")
     assert rc == 0 and out.splitlines()[0] == "video_id,dataset" and len(out.splitlines()) == 3
 
-    vid, ds = cat.query(env.fs, "SELECT video_id, dataset FROM anonymized_features WHERE dataset = 'ar' "
+    vid, ds = analyst.query(env.fs, "SELECT video_id, dataset FROM anonymized_features WHERE dataset = 'ar' "
                                 "ORDER BY video_id LIMIT 1").to_pylist()[0].values()
     rc, out, _ = cli(capsys, "--store", root, "neighbors", vid, "--dataset", ds, "--k", "3", "--format", "json")
     rows = json.loads(out)
@@ -255,7 +256,7 @@ def test_catalog_sensor_waits_for_reanonymize_runs_then_rebuilds_once(env):
     env.inst.delete_run(busy.run_id)
     res = dg.materialize([feature_catalog], instance=env.inst, resources={"store": env.store})
     assert res.asset_materializations_for_node("feature_catalog")[0].metadata["aam_version"].value == env.v2
-    assert cat.query(env.fs, "SELECT DISTINCT aam_version FROM anonymized_features").to_pylist() == [
+    assert analyst.query(env.fs, "SELECT DISTINCT aam_version FROM anonymized_features").to_pylist() == [
         {"aam_version": env.v2}]
 
 
@@ -353,7 +354,7 @@ def test_missing_or_foreign_aam_is_a_clear_error_and_tables_stay_readable(env, t
     shutil.rmtree(fs.root / "aam" / foreign)
     assert _snapshot(fs) == before  # nothing published, nothing removed
     assert pub.read_anonymized(fs).num_rows > 0
-    assert cat.query(fs, "SELECT count(*) AS n FROM anonymized_features").to_pylist()[0]["n"] > 0
+    assert analyst.query(fs, "SELECT count(*) AS n FROM anonymized_features").to_pylist()[0]["n"] > 0
 
     fresh = env.tmp.mktemp("noaam") / "store"  # a store that never had an AAM
     shutil.copytree(tiny_store, fresh)
@@ -408,7 +409,7 @@ def test_a_version_failing_the_budget_stays_out(env, monkeypatch):
     assert last and "not made current" in last[-1]["promotion"]
     assert "budget 1.01" in pub.refused_versions(env.fs)[v]["why"]  # recorded for the analysts' notice
     cat.build_catalog(env.fs)  # and the refused table stays out of the analysts' catalog
-    assert v not in cat.query(env.fs, "SELECT DISTINCT aam_version FROM anonymized_features_all")["aam_version"].to_pylist()
+    assert v not in analyst.query(env.fs, "SELECT DISTINCT aam_version FROM anonymized_features_all")["aam_version"].to_pylist()
 
 
 def test_cli_store_option_after_the_subcommand(env, capsys):
