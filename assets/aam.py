@@ -12,6 +12,7 @@ from pipeline.resources import StoreResource
 from splavu_core import costs
 from splavu_core.aam.io import adapter_version, save_adapter
 from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
+from splavu_core.publish import record_version
 from splavu_core.roles import training_plan
 
 
@@ -74,7 +75,7 @@ def loss_curve_png(history: list[dict], diagnostics: dict | None = None, selecte
     """Loss terms, validation AR, and (when measured) what a fresh critic still matches: the privacy objective's
     own value beside held-out pair matching, so a rising loss with unchanged matching shows at a glance. Legends sit
     below the panels (off the data); the selected epoch is a dashed vertical line on each panel."""
-    import matplotlib
+    import matplotlib  # here, not at the top: ~0.5 s that only the plot needs
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -174,8 +175,6 @@ def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, stor
     fs.fs.put_atomic(f"aam/{version}/history.json", (json.dumps(summary["history"]) + "\n").encode())
     png = loss_curve_png(summary["history"], summary.get("diagnostics"), summary["selected_epoch"])
     fs.fs.put_atomic(f"aam/{version}/loss_curves.png", png)
-    from splavu_core.publish import record_version
-
     record_version(fs, version, {"encoder_fingerprint": fingerprint, "config": acfg.to_dict()},
                    version_metrics(summary), make_current=False)  # becomes current once its tables are published
     costs.record(fs, "splavu", "train", version, summary["seconds"])

@@ -27,6 +27,7 @@ from splavu_core.evaluation.suite import DEFAULT_PRIVACY_BUDGET, PRIVACY_BUDGET_
 from splavu_core.evaluation.suite import utility_retention as retention_per_metric
 from splavu_core import costs
 from splavu_core.baselines import eval_shards, existing_baselines, stale_shards
+from splavu_core.publish import current_version
 from splavu_core.roles import task_datasets
 
 ANONYMIZED = dg.AssetKey("anonymized_features")
@@ -76,8 +77,6 @@ class EvalConfig(ProbeSettings):
 
 
 def _version(fs, requested: str) -> str:
-    from splavu_core.publish import current_version
-
     version = requested or current_version(fs)
     if not version:
         raise dg.Failure(f"no current AAM version in {fs.root}: publish anonymized_features first "

@@ -16,6 +16,7 @@ Variants whose training config is identical (loss_all = tasks_all = wlc_<base w_
 train once: the result is cached per config in <root>/reports/ablations/by_config/.
 """
 
+import base64
 import dataclasses
 import time
 
@@ -24,10 +25,13 @@ import dagster as dg
 from assets.aam import AAMTrainingConfig
 from assets.evaluation import ProbeSettings
 from pipeline.resources import StoreResource
+from splavu_core.aam.io import adapter_version
+from splavu_core.aam.train import load_oracle_labels, load_training_data, train_aam
 from splavu_core.evaluation.report import ablation_markdown, write_ablation_report
 from splavu_core.evaluation.suite import (RAW, TASKS, _key, _safe, _shard_state,
                                           add_derived, anonymize_videos, build_report,
                                           evaluate_feature_set, load_feature_sets, report_row)
+from splavu_core.registry import dataset_of
 from splavu_core.roles import training_plan
 from splavu_core.store import FeatureStore
 
@@ -92,7 +96,6 @@ def _jsonable_rows(rows) -> list[dict]:
 
 
 def _eval_shards(fs: FeatureStore, datasets: dict[str, str]) -> list:
-    from splavu_core.registry import dataset_of
 
     wanted = set(datasets.values())
     return _shard_state(fs, [s for s in fs.committed_shards() if dataset_of(s) in wanted])
@@ -114,8 +117,6 @@ def raw_baseline(fs: FeatureStore, config: AblationConfig, raw=None, log=None) -
 
 def run_variant(fs: FeatureStore, variant: str, config: AblationConfig, log=None) -> dict:
     """Train the variant's AAM, anonymize the evaluation sets in memory, evaluate; write and return its record."""
-    from splavu_core.aam.io import adapter_version
-    from splavu_core.aam.train import load_oracle_labels, load_training_data, train_aam
 
     plan = training_plan(fs, config.tasks, config.train_datasets(), config.selection)
     cfg = config.variant_train_config(variant, plan.tasks, plan.selection)
@@ -189,7 +190,6 @@ def ablation_variant(context: dg.AssetExecutionContext, config: AblationConfig, 
 @dg.asset(deps=[ablation_variant], group_name="ablations", kinds={"json", "markdown"},
           description="Every ablation variant's row in <store>/reports/ablations.json (+ .md, .png).")
 def ablation_report(context: dg.AssetExecutionContext, config: AblationConfig, store: StoreResource):
-    import base64
 
     fs = store.store()
     report, status = collect_report(fs, config, log=context.log.info)
