@@ -201,6 +201,11 @@ def test_cli_sql_and_neighbors(env, capsys):
     assert rows[0]["similarity"] >= rows[-1]["similarity"]
     rc, out, _ = cli(capsys, "--store", root, "neighbors", vid, "--dataset", ds, "--k", "2")
     assert rc == 0 and out.splitlines()[0].split() == ["video_id", "clip_index", "split", "similarity", "dataset"]
+    rc, out, _ = cli(capsys, "--store", root, "neighbors", vid, "--dataset", ds, "--k", "3", "--format", "json",
+                     "--search", "exact")
+    assert rc == 0 and json.loads(out) == rows  # auto is exact for a table without an IVF index
+    rc, _, err = cli(capsys, "--store", root, "neighbors", vid, "--dataset", ds, "--search", "approximate")
+    assert rc == 2 and "no approximate index" in err
 
     # read-only, and clear errors with exit code 2
     rc, _, err = cli(capsys, "--store", root, "sql", "CREATE TABLE t AS SELECT 1")
