@@ -63,9 +63,9 @@ def _cluster_executor(engine: str) -> dg.ExecutorDefinition:
     installs, and dagster_k8s pulls in the kubernetes client)."""
     with _integration_import():
         if engine == "dask":
-            from dagster_dask import dask_executor
+            from dagster_dask import dask_executor  # optional install, only when asked for
             return dask_executor
-        from dagster_k8s import k8s_job_executor
+        from dagster_k8s import k8s_job_executor  # optional install, only when asked for
         return k8s_job_executor
 
 
@@ -118,7 +118,7 @@ def splavu_executor(init_context: InitExecutorContext) -> dg.Executor:
     ((engine, config),) = init_context.executor_config.items()
     if engine == "dask":  # dagster-dask's executor, run-scoped (pipeline/dask_engine.py says why)
         with _integration_import():
-            from pipeline.dask_engine import dask_engine
+            from pipeline.dask_engine import dask_engine  # loads distributed: dask runs only
         return dask_engine(engine_config(engine, config))
     if engine == "k8s":
         target, config = _cluster_executor(engine), engine_config(engine, config)

@@ -249,7 +249,7 @@ class FeatureStore:
         return self._commit_by_marker(shard, data, provenance, manifest_hash, marker)
 
     def _write_files(self, key: str, shard: str, data: ShardLatents, provenance: dict, manifest_hash: str) -> None:
-        import zarr
+        import zarr  # here: only latent arrays need it (the catalog and CLI do not)
 
         n, d = data.clips.shape
         group = zarr.open_group(self.fs.zarr_store(join(key, "latents.zarr")), mode="w", zarr_format=3)
@@ -333,7 +333,7 @@ class FeatureStore:
         raise StoreError(f"shard {shard!r} was replaced {READ_RETRIES} times while being read; try again")
 
     def _read_files(self, shard: str, key: str, with_static: bool) -> ShardLatents:
-        import zarr
+        import zarr  # here: only latent arrays need it (the catalog and CLI do not)
 
         group = zarr.open_group(self.fs.zarr_store(join(key, "latents.zarr"), read_only=True), mode="r")
         fp = group.attrs["provenance"]["encoder_fingerprint"]
