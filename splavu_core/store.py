@@ -39,7 +39,6 @@ byte-identical file for file. Readers handle both (no "data" key: the shard fold
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
