@@ -156,7 +156,8 @@ def anonymized_features(context: dg.AssetExecutionContext, config: AnonymizeConf
     context.log.info(f"{shard}: AAM {version}: {done}; current: {current} ({why})")
     md = {"rows": res["rows"], "dim": res["dim"], "aam_version": version, "skipped": res["skipped"],
           "path": dg.MetadataValue.path(res["path"]), "seconds": round(res["seconds"], 3),
-          "clips_per_s": round(res["rows"] / res["seconds"], 1) if not res["skipped"] and res["seconds"] > 0 else 0.0,
+          "clips_per_s": dg.MetadataValue.float(round(res["rows"] / res["seconds"], 1)
+                                                if not res["skipped"] and res["seconds"] > 0 else 0.0),
           "is_current": current, "current_version": current_version(fs) or "", "promotion": why}
     if "max_abs_change" in res:
         md["max_abs_change"] = float(res["max_abs_change"])

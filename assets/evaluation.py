@@ -25,9 +25,9 @@ from splavu_core.evaluation.suite import (DEFAULT_DATASETS, RAW, UTILITY_KEYS, b
                                           newest_version, privacy_budget_measure, read_metric_rows, write_metric_rows)
 from splavu_core.evaluation.suite import DEFAULT_PRIVACY_BUDGET, PRIVACY_BUDGET_ENV
 from splavu_core.evaluation.suite import utility_retention as retention_per_metric
-from pipeline.inprocess import quiet
 from splavu_core import costs
 from splavu_core.baselines import eval_shards, existing_baselines, stale_shards
+from splavu_core.publish import current_version
 from splavu_core.roles import task_datasets
 
 ANONYMIZED = dg.AssetKey("anonymized_features")
@@ -77,8 +77,6 @@ class EvalConfig(ProbeSettings):
 
 
 def _version(fs, requested: str) -> str:
-    from splavu_core.publish import current_version
-
     version = requested or current_version(fs)
     if not version:
         raise dg.Failure(f"no current AAM version in {fs.root}: publish anonymized_features first "
@@ -116,7 +114,7 @@ def evaluate_tasks(context, store: StoreResource, config: EvalConfig, tasks: tup
     md = {"aam_version": version, "rows": len(rows), "paths": dg.MetadataValue.json([str(p) for p in paths]),
           "skipped": dg.MetadataValue.json({**raw_rows.skipped, **{f"{SPLAVU}:{k}": v for k, v in anon_rows.skipped.items()}})}
     for r in rows:  # flat floats: Dagster plots them across materialisations
-        md[f"{r['feature_set']}/{r['task']}/{r['metric']}"] = float(r["value"])
+        md[f"{r['feature_set']}/{r['task']}/{r['metric']}"] = dg.MetadataValue.float(float(r["value"]))
     others = {SPLAVU: anon_rows, **baseline_rows}
     table = ["| task | metric | raw | " + " | ".join(others) + " |", "|---|---|---:|" + "---:|" * len(others)]
     for r in raw_rows:
@@ -200,12 +198,13 @@ def privacy_utility_report(context: dg.AssetExecutionContext, config: ReportConf
     paths = write_privacy_utility_report(fs, report)
     png = paths["png"].read_bytes()
     splavu = report["rows"][1]
-    md = {"aam_version": version, "path": str(paths["json"]), "markdown_path": str(paths["md"]),
-          "png_path": str(paths["png"]), "report": dg.MetadataValue.json(report),
+    md = {"aam_version": version, "path": dg.MetadataValue.path(str(paths["json"])),
+          "markdown_path": dg.MetadataValue.path(str(paths["md"])), "png_path": dg.MetadataValue.path(str(paths["png"])),
+          "report": dg.MetadataValue.json(report),
           "table": dg.MetadataValue.md(report_markdown(report)), "tradeoff": dg.MetadataValue.md(png_markdown(png))}
     for k in ("privacy_cmap", "leakage_removed", *UTILITY_KEYS):
         if splavu.get(k) is not None:
-            md[f"splavu/{k}"] = float(splavu[k])
+            md[f"splavu/{k}"] = dg.MetadataValue.float(float(splavu[k]))  # charted across versions (Plots tab)
     return dg.MaterializeResult(metadata=md)
 
 
@@ -313,18 +312,3 @@ def utility_retention(context: dg.AssetCheckExecutionContext, config: UtilityRet
 
 ASSETS = [*EVAL_ASSETS, privacy_utility_report]
 CHECKS = [privacy_budget, utility_retention]
-
-
-def run_evaluation(store, config: dict | None = None, instance: dg.DagsterInstance | None = None,
-                   raise_on_error: bool = True) -> dg.ExecuteInProcessResult:
-    """Materialise every *_eval asset, privacy_utility_report and its utility_retention check in-process
-    (for the CLI / `make demo`). store: FeatureStore, StoreResource or root path; config: EvalConfig fields
-    applied to every eval asset (e.g. {"aam_version": ...}). The report is then at
-    <root>/reports/privacy_utility.{json,md,png} (splavu_core.evaluation.report.read_report)."""
-    root = str(getattr(store, "root", store))
-    ops = {a.node_def.name: {"config": dict(config or {})} for a in EVAL_ASSETS}
-    if config and config.get("aam_version"):
-        ops[privacy_utility_report.node_def.name] = {"config": {"aam_version": config["aam_version"]}}
-    return dg.materialize([*EVAL_ASSETS, privacy_utility_report, utility_retention], instance=instance,
-                          resources={"store": StoreResource(root=root)}, run_config=quiet({"ops": ops}),
-                          tags={"splavu/entry": "cli"}, raise_on_error=raise_on_error)

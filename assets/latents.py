@@ -49,11 +49,11 @@ def extracted_latents(context: dg.AssetExecutionContext, store: StoreResource, e
     if not skipped:  # the cost ledger: what producing features from these videos took
         costs.record(fs, "raw", "extract", shard, secs, videos=marker["videos"], clips=marker["clips"])
     common = {"encoder_fingerprint": prov["encoder_fingerprint"], "skipped": skipped,
-              "path": str(fs.shard_dir(shard))}
+              "path": dg.MetadataValue.path(str(fs.shard_dir(shard)))}
     yield dg.MaterializeResult(asset_key="clip_latents", metadata={
         **common, "clips": marker["clips"], "videos": marker["videos"], "dim": marker["dim"],
         "quarantined": marker["quarantined"],
-        "clips_per_s": round(encoded / secs, 1) if not skipped and secs > 0 else 0.0})
+        "clips_per_s": dg.MetadataValue.float(round(encoded / secs, 1) if not skipped and secs > 0 else 0.0)})
     yield dg.MaterializeResult(asset_key="static_latents", metadata={
         **common, "static_videos": marker["static_videos"], "static_k": sampling.static_k,
         "static_clips": n_static})

@@ -14,4 +14,4 @@ def video_manifest(context: dg.AssetExecutionContext, store: StoreResource) -> d
     for s in table.column("split").to_pylist():
         splits[s] = splits.get(s, 0) + 1
     return dg.MaterializeResult(metadata={"videos": table.num_rows, "splits": dg.MetadataValue.json(splits),
-                                          "path": str(store.store().shard_manifest_path(context.partition_key))})
+                                          "path": dg.MetadataValue.path(str(store.store().shard_manifest_path(context.partition_key)))})

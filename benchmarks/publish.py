@@ -41,6 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from splavu_core import analyst  # noqa: E402
 from splavu_core import catalog as cat  # noqa: E402
 from splavu_core import publish as pub  # noqa: E402
 from splavu_core.aam import AAMConfig, AnonymizingAdapter, load_adapter, save_adapter  # noqa: E402
@@ -248,18 +249,18 @@ def run(args, root: Path) -> dict:
 
     agg_sql = ("SELECT split, count(*) AS clips, avg(end_s - start_s) AS avg_clip_s FROM clips "
                "GROUP BY split ORDER BY split")
-    agg = cat.query(store, agg_sql)
+    agg = analyst.query(store, agg_sql)
     assert sum(agg["clips"].to_pylist()) == n_meta
     rng = np.random.default_rng(args.seed + 2)
     qvec = rng.standard_normal(args.dim).astype(np.float32).tolist()
     cos_sql = (f"SELECT video_id, clip_index, array_cosine_similarity(feature, ?::FLOAT[{args.dim}]) AS similarity "
                f"FROM anonymized_features ORDER BY similarity DESC LIMIT 10")
-    assert cat.query(store, cos_sql, params=[qvec]).num_rows == 10
+    assert analyst.query(store, cos_sql, params=[qvec]).num_rows == 10
     probe_video = "v0"
     queries = {
-        "metadata_aggregate": time_query(lambda: cat.query(store, agg_sql), args.query_runs),
-        "cosine_top10": time_query(lambda: cat.query(store, cos_sql, params=[qvec]), args.query_runs),
-        "neighbors": time_query(lambda: cat.neighbors(store, probe_video, k=10), args.query_runs),
+        "metadata_aggregate": time_query(lambda: analyst.query(store, agg_sql), args.query_runs),
+        "cosine_top10": time_query(lambda: analyst.query(store, cos_sql, params=[qvec]), args.query_runs),
+        "neighbors": time_query(lambda: analyst.neighbors(store, probe_video, k=10), args.query_runs),
     }
     con = cat._connect(store)
     try:

@@ -5,7 +5,7 @@ the privacy-utility report schema.
                        the raw latents of every evaluation dataset IN MEMORY (nothing is published), runs the
                        evaluation suite and writes <root>/reports/ablations/variants/<variant>.json
     ablation_report    collects every variant row into <root>/reports/ablations.json (+ .md, .png)
-    job `ablations`    both; `run_ablations()` runs them in-process (the `splavu ablations` command)
+    job `ablations`    both; pipeline/runner.py `run_ablations()` runs them in-process (`splavu ablations`)
 
 Variants: losses (loss_all, loss_no_lt = no utility task, loss_no_lb = no privacy loss and no erasure,
 loss_no_llc = w_lc 0), tasks seen in training (tasks_ar, tasks_tad, tasks_ad, tasks_all), the w_lc sweep
@@ -16,6 +16,7 @@ Variants whose training config is identical (loss_all = tasks_all = wlc_<base w_
 train once: the result is cached per config in <root>/reports/ablations/by_config/.
 """
 
+import base64
 import dataclasses
 import time
 
@@ -24,13 +25,15 @@ import dagster as dg
 from assets.aam import AAMTrainingConfig
 from assets.evaluation import ProbeSettings
 from pipeline.resources import StoreResource
+from splavu_core.aam.io import adapter_version
+from splavu_core.aam.train import load_oracle_labels, load_training_data, train_aam
 from splavu_core.evaluation.report import ablation_markdown, write_ablation_report
 from splavu_core.evaluation.suite import (RAW, TASKS, _key, _safe, _shard_state,
                                           add_derived, anonymize_videos, build_report,
                                           evaluate_feature_set, load_feature_sets, report_row)
+from splavu_core.registry import dataset_of
 from splavu_core.roles import training_plan
 from splavu_core.store import FeatureStore
-from pipeline.inprocess import quiet
 
 NO_ERASURE = {"erase_rank": 0}
 VARIANTS: dict[str, dict] = {
@@ -81,10 +84,6 @@ class AblationConfig(AAMTrainingConfig, ProbeSettings):
 ABLATIONS = "reports/ablations"  # key of the ablation records in the store
 
 
-def ablations_dir(fs: FeatureStore):
-    return fs.loc(ABLATIONS)
-
-
 def _read_record(fs: FeatureStore, key: str) -> dict | None:
     try:
         return fs.fs.read_json(key)
@@ -97,7 +96,6 @@ def _jsonable_rows(rows) -> list[dict]:
 
 
 def _eval_shards(fs: FeatureStore, datasets: dict[str, str]) -> list:
-    from splavu_core.registry import dataset_of
 
     wanted = set(datasets.values())
     return _shard_state(fs, [s for s in fs.committed_shards() if dataset_of(s) in wanted])
@@ -119,8 +117,6 @@ def raw_baseline(fs: FeatureStore, config: AblationConfig, raw=None, log=None) -
 
 def run_variant(fs: FeatureStore, variant: str, config: AblationConfig, log=None) -> dict:
     """Train the variant's AAM, anonymize the evaluation sets in memory, evaluate; write and return its record."""
-    from splavu_core.aam.io import adapter_version
-    from splavu_core.aam.train import load_oracle_labels, load_training_data, train_aam
 
     plan = training_plan(fs, config.tasks, config.train_datasets(), config.selection)
     cfg = config.variant_train_config(variant, plan.tasks, plan.selection)
@@ -194,7 +190,6 @@ def ablation_variant(context: dg.AssetExecutionContext, config: AblationConfig, 
 @dg.asset(deps=[ablation_variant], group_name="ablations", kinds={"json", "markdown"},
           description="Every ablation variant's row in <store>/reports/ablations.json (+ .md, .png).")
 def ablation_report(context: dg.AssetExecutionContext, config: AblationConfig, store: StoreResource):
-    import base64
 
     fs = store.store()
     report, status = collect_report(fs, config, log=context.log.info)
@@ -214,33 +209,3 @@ ablations_job = dg.define_asset_job(
     description="Train and score one ablation variant per partition, then rebuild the ablation report.")
 
 ASSETS = [ablation_variant, ablation_report]
-
-
-def run_ablations(store, variants=None, epochs: int | None = None, config: dict | None = None,
-                  instance: dg.DagsterInstance | None = None, log=print) -> dict:
-    """Run the given variants (default: all) in-process, then the report; returns the report dict.
-
-    store: a FeatureStore, StoreResource or root path. epochs: AAM training epochs (default: the base
-    config's). config: further AblationConfig fields (e.g. smaller probes or adapter)."""
-    if instance is None:
-        from pipeline.runner import instance as default_instance
-
-        instance = default_instance()
-    root = str(getattr(store, "root", store))
-    resources = {"store": StoreResource(root=root)}
-    cfg = {**(config or {}), **({"epochs": int(epochs)} if epochs else {})}
-    names = list(variants or VARIANTS)
-    unknown = [v for v in names if v not in VARIANTS]
-    if unknown:
-        raise ValueError(f"unknown ablation variant(s) {unknown}; choose from {list(VARIANTS)}")
-    for v in names:
-        t0 = time.perf_counter()
-        res = dg.materialize([ablation_variant], partition_key=v, instance=instance, resources=resources,
-                             run_config=quiet({"ops": {"ablation_variant": {"config": cfg}}}), tags={"splavu/entry": "cli"})
-        assert res.success, f"ablation variant {v} failed"
-        if log:
-            log(f"  {v:12s} done in {time.perf_counter() - t0:.0f} s")
-    res = dg.materialize([ablation_report], instance=instance, resources=resources,
-                         run_config=quiet({"ops": {"ablation_report": {"config": cfg}}}), tags={"splavu/entry": "cli"})
-    assert res.success, "ablation_report failed"
-    return FeatureStore(root).fs.read_json("reports/ablations.json")

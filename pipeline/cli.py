@@ -24,10 +24,27 @@ import sys
 import time
 from pathlib import Path
 
+from tqdm import tqdm
+
+from splavu_core.analyst import query
+from splavu_core.catalog import CatalogError, build_catalog, catalog_path, empty_reason
 from splavu_core.manifest import ManifestError
 from splavu_core.masks import PixelError
-from splavu_core.store import StoreError
-from pipeline.inprocess import quiet
+from splavu_core.neighbors import Index, NeighborsError, neighbors, refuse_if_refused
+from splavu_core.publish import current_version, read_versions
+from splavu_core.registry import registered, registration
+from splavu_core.roles import describe_registration, parse_roles, training_plan
+from splavu_core.store import FeatureStore, StoreError
+from splavu_core.tables import format_table
+from splavu_core.synth.datasets import BENCHMARKS, DATASETS, DEFAULT_BENCHMARK, BenchmarkMismatch, generate, plan
+
+
+def _runner():
+    """pipeline.runner, imported on first use: it loads Dagster, torch and every asset (~4 s on 2 cores), which the
+    analysts' commands (sql, neighbors) and argument errors never need."""
+    import pipeline.runner
+
+    return pipeline.runner
 
 
 def _store_root(args) -> str:
@@ -35,10 +52,6 @@ def _store_root(args) -> str:
 
 
 def cmd_synth(args) -> int:
-    from tqdm import tqdm
-
-    from splavu_core.synth.datasets import DATASETS, generate, plan
-
     names = args.datasets or list(DATASETS)
     total = sum(len(plan(args.scale, args.seed, args.benchmark)[n]) for n in names)
     t0 = time.perf_counter()
@@ -54,25 +67,19 @@ def cmd_synth(args) -> int:
 
 
 def cmd_ingest(args) -> int:
-    from pipeline.resources import StoreResource
-    from pipeline.runner import ingest, instance
-
-    from splavu_core.registry import registration
-    from splavu_core.roles import describe_registration
-
-    store = StoreResource(root=_store_root(args))
-    keys = ingest(instance(), store, args.name, args.manifest, args.shard_size, roles=args.roles)
+    r = _runner()
+    store = r.StoreResource(root=_store_root(args))
+    keys = r.ingest(r.instance(), store, args.name, args.manifest, args.shard_size, roles=args.roles)
     print(f"{args.name}: {len(keys)} shard(s): {' '.join(keys)}")
     print(f"  {describe_registration(registration(store.store(), args.name))}")
     return 0
 
 
 def _extract(store, encoder, keys, quiet=False) -> list[dict]:
-    from pipeline.runner import instance, materialize_shard
-
-    inst, rows = instance(), []
+    r = _runner()
+    inst, rows = r.instance(), []
     for k in keys:
-        res = materialize_shard(inst, k, store, encoder)
+        res = r.materialize_shard(inst, k, store, encoder)
         md = {m.asset_key.to_user_string(): m.metadata for m in res.asset_materializations_for_node("extracted_latents")}
         clip = md["clip_latents"]
         static = md["static_latents"]["static_clips"].value if "static_clips" in md["static_latents"] else 0
@@ -88,53 +95,49 @@ def _extract(store, encoder, keys, quiet=False) -> list[dict]:
 
 
 def cmd_extract(args) -> int:
-    from pipeline.resources import EncoderResource, StoreResource
-    from splavu_core.registry import registered
-
-    store = StoreResource(root=_store_root(args))
+    r = _runner()
+    store = r.StoreResource(root=_store_root(args))
     regs = registered(store.store())
     names = args.dataset or list(regs)
     missing = [n for n in names if n not in regs]
     if missing:
         raise StoreError(f"not registered in {store.root}: {missing} (known: {list(regs)})")
     keys = [k for n in names for k in regs[n]["shards"]]
-    _extract(store, EncoderResource(checkpoint=args.checkpoint or EncoderResource().checkpoint), keys)
+    _extract(store, r.EncoderResource(checkpoint=args.checkpoint or r.EncoderResource().checkpoint), keys)
     return 0
 
 
-DEMO_AAM: dict = {}  # AAMTrainingConfig defaults (README: how they were chosen)
-
-
 def _train_aam(store, config: dict) -> str:
-    import dagster as dg
+    r = _runner()
+    res = r.train_aam(r.instance(), store, config)
+    md = {k: v.value for k, v in res.asset_materializations_for_node("aam_model")[0].metadata.items()}
+    print(f"  AAM {md['version']}: {md['parameters']} parameters, selected epoch "
+          f"{md['selected_epoch']}, {md['train_seconds']:.0f} s (encoder never loaded)")
+    if "pair_matching_chance" in md:
+        print(f"  {pair_matching_line(md)}")
+    return md["version"]
 
-    from assets.aam import aam_model
-    from pipeline.runner import instance
 
-    res = dg.materialize([aam_model], instance=instance(), resources={"store": store},
-                         run_config=quiet({"ops": {"aam_model": {"config": config}}}), tags={"splavu/entry": "cli"})
-    md = res.asset_materializations_for_node("aam_model")[0].metadata
-    print(f"  AAM {md['version'].value}: {md['parameters'].value} parameters, selected epoch "
-          f"{md['selected_epoch'].value}, {md['train_seconds'].value:.0f} s (encoder never loaded)")
-    if "pair_matching" in md:
-        pm = md["pair_matching"].value
-        print(f"  what a fresh critic still matches on held-out videos (chance {pm['raw']['chance']:.3f}): "
-              + ", ".join(f"{k.replace('_', '↔')} {pm['raw'][k]:.3f} → {pm['selected'][k]:.3f}"
-                          for k in pm["raw"] if k != "chance"))
-    return md["version"].value
+def pair_matching_line(md: dict) -> str:
+    """What a fresh critic still matches (aam_model's pair_matching_* metadata), with the chance level of the groups
+    it was measured in."""
+    chance = md["pair_matching_chance"]
+    group = md.get("pair_matching_group") or round(1 / chance)
+    among = f"among {group} of {md['pair_matching_heldout']} held-out videos" if "pair_matching_heldout" in md \
+        else f"among {group} held-out videos"
+    pairs = ", ".join(f"{k.replace('_', '↔')} {md[f'pair_matching_{k}_raw']:.3f} → {md[f'pair_matching_{k}_after']:.3f}"
+                      for k in ("static_static", "static_action") if f"pair_matching_{k}_raw" in md)
+    return f"what a fresh critic still matches, top-1 {among} (chance 1/{group} = {chance:.3f}): {pairs}"
 
 
 def cmd_train(args) -> int:
-    from pipeline.resources import StoreResource
-    from splavu_core.roles import parse_roles
-
     try:
         cfg = json.loads(args.config) if args.config else {}
     except json.JSONDecodeError as e:
         raise StoreError(f"--config is not JSON ({e}): e.g. '{{\"epochs\": 30}}'") from e
     if args.tasks is not None:
         cfg["tasks"] = list(parse_roles(args.tasks))
-    store = StoreResource(root=_store_root(args))
+    store = _runner().StoreResource(root=_store_root(args))
     print(_training_preflight(store.store(), cfg), flush=True)
     _train_aam(store, cfg)
     return 0
@@ -143,9 +146,6 @@ def cmd_train(args) -> int:
 def _training_preflight(fs, cfg: dict) -> str:
     """What training will use, checked before a Dagster run starts (so a missing task is one line, not a
     failed run): the one-line plan, or RoleError / StoreError saying what to do."""
-    from splavu_core.registry import registration
-    from splavu_core.roles import training_plan
-
     plan = training_plan(fs, cfg.get("tasks"), {t: cfg.get(f"{t}_dataset", "") for t in ("ar", "tad", "ad")},
                          cfg.get("selection", ""))
     shards = {s for d in plan.datasets.values() if d for s in registration(fs, d)["shards"]}
@@ -156,33 +156,42 @@ def _training_preflight(fs, cfg: dict) -> str:
 
 
 def cmd_publish(args) -> int:
-    from pipeline.reanonymize import run_reanonymize
-    from pipeline.resources import StoreResource
-    from pipeline.runner import instance
-
-    out = run_reanonymize(instance(), StoreResource(root=_store_root(args)), version=args.version or "")
-    rows = sum(v["rows"] for v in out["shards"].values())
-    last = list(out["shards"].values())[-1]
-    print(f"  published {rows} anonymized clips of {len(out['shards'])} shards with AAM {out['version']}; "
-          f"current version: {last['current_version'] or 'none'} ({last['promotion']})")
+    r = _runner()
+    out = r.run_reanonymize(r.instance(), r.StoreResource(root=_store_root(args)), version=args.version or "")
+    print(f"  {publish_summary(out)}")
     return 0
 
 
+def publish_summary(out: dict) -> str:
+    """What this publish did: clips written (shards already published are not counted as new) and whether the
+    version became current in this run, was current before, or why it is not."""
+    version, shards = out["version"], list(out["shards"].values())
+    new = [s for s in shards if not s["skipped"]]
+    if new:
+        line = f"published {sum(s['rows'] for s in new)} anonymized clips of {len(new)} shard(s) with AAM {version}"
+        if len(new) < len(shards):
+            line += f" ({len(shards) - len(new)} shard(s) already had its tables)"
+    else:
+        line = f"nothing new to publish: all {len(shards)} shard(s) already have AAM {version}'s tables"
+    promoted = next((s["promotion"] for s in shards if "now current" in s["promotion"]), None)
+    last = shards[-1]
+    if promoted:
+        state = f"AAM {version} is {promoted.split(': ', 1)[-1]}"
+    elif last["is_current"]:
+        state = f"AAM {version} was already current before this publish"
+    else:
+        state = f"current version: {last['current_version'] or 'none'}; AAM {version}: {last['promotion']}"
+    return f"{line}; {state}"
+
+
 def cmd_evaluate(args) -> int:
-    from assets.evaluation import run_evaluation
-    from pipeline.runner import instance
-
-    from splavu_core.catalog import build_catalog
-    from splavu_core.store import FeatureStore
-
-    from splavu_core.evaluation.suite import newest_version
-
+    r = _runner()
     root = _store_root(args)
     # the newest version is scored even when the privacy budget kept it from becoming current
-    version = getattr(args, "version", None) or newest_version(FeatureStore(root))
+    version = getattr(args, "version", None) or r.newest_version(FeatureStore(root))
     if not version:
         raise StoreError(f"no AAM version in {root}: run `splavu train` and `splavu publish` first")
-    res = run_evaluation(root, config={"aam_version": version}, instance=instance())
+    res = r.run_evaluation(root, config={"aam_version": version}, instance=r.instance())
     build_catalog(FeatureStore(root))  # the metrics view now has files to read
     print(FeatureStore(root).fs.read_text("reports/privacy_utility.md"))
     for line in evaluation_notes(res):
@@ -198,7 +207,7 @@ def evaluation_notes(res) -> list[str]:
         md = mat.step_materialization_data.materialization.metadata
         if "skipped" in md:
             skipped.update(md["skipped"].value)
-    out = [f"skipped {task}: {why}" for task, why in sorted(skipped.items())]
+    out = skip_lines(skipped)
     for ev in res.get_asset_check_evaluations():
         if not ev.passed:
             level = "warning" if ev.severity.value == "WARN" else "error"
@@ -206,38 +215,43 @@ def evaluation_notes(res) -> list[str]:
     return out
 
 
-def cmd_ablations(args) -> int:
-    from pipeline.ablations import run_ablations
-    from pipeline.runner import instance
-    from splavu_core.store import FeatureStore
+def skip_lines(skipped: dict[str, str]) -> list[str]:
+    """{task or "<feature set>:<task>": why} -> one line per task and reason (not per feature set); the tasks that
+    have no registered dataset share one line."""
+    by_task: dict[tuple[str, str], list[str]] = {}
+    for key, why in skipped.items():
+        feature_set, _, task = key.rpartition(":")
+        by_task.setdefault((task, why), []).append(feature_set or "raw")
+    no_data = sorted({task for task, why in by_task if "(no dataset with role" in why})
+    out = [f"skipped {', '.join(no_data)}: no dataset is registered with {'that role' if len(no_data) == 1 else 'those roles'} "
+           f"(splavu ingest NAME MANIFEST --roles ROLE)"] if no_data else []
+    return out + [f"skipped {task} ({', '.join(sets)}): {why}" for (task, why), sets in sorted(by_task.items())
+                  if task not in no_data]
 
+
+def cmd_ablations(args) -> int:
+    r = _runner()
     root = _store_root(args)
-    run_ablations(root, variants=args.variants, epochs=args.epochs, instance=instance())
+    r.run_ablations(root, variants=args.variants, epochs=args.epochs, instance=r.instance())
     print(FeatureStore(root).fs.read_text("reports/ablations.md"))
     return 0
 
 
 def cmd_baselines(args) -> int:
-    from pipeline.resources import EncoderResource, StoreResource
-    from pipeline.runner import instance, run_baselines
-    from splavu_core.pixel import BASELINES
-
+    r = _runner()
     root = _store_root(args)
-    names = args.only or list(BASELINES)
+    names = args.only or list(r.BASELINES)
     print(f"pixel baselines {names} (person masks: {args.masks}): re-decoding and re-encoding the evaluation videos")
     t0 = time.perf_counter()
-    run_baselines(instance(), StoreResource(root=root), EncoderResource(checkpoint=args.checkpoint or EncoderResource().checkpoint),
-                  names, mask_source=args.masks, datasets=args.dataset or ())
+    r.run_baselines(r.instance(), r.StoreResource(root=root),
+                    r.EncoderResource(checkpoint=args.checkpoint or r.EncoderResource().checkpoint),
+                    names, mask_source=args.masks, datasets=args.dataset or ())
     print(f"extracted in {time.perf_counter() - t0:.0f} s; scoring every feature set")
     return 0 if args.no_evaluate else cmd_evaluate(args)
 
 
 def cmd_demo(args) -> int:
-    from pipeline.resources import EncoderResource, StoreResource
-    from pipeline.runner import ingest, instance
-    from splavu_core.catalog import format_table, query
-    from splavu_core.synth.datasets import DATASETS
-
+    r = _runner()
     data = Path(args.data)
     t0 = time.perf_counter()
     if args.regenerate:  # only the benchmark's own dataset folders
@@ -246,19 +260,19 @@ def cmd_demo(args) -> int:
     print("1/6 synthesising the benchmark (only videos not already there)")
     cmd_synth(argparse.Namespace(out=str(data), scale=args.scale, seed=args.seed, workers=None,
                                  datasets=None, quiet=False, benchmark=args.benchmark))
-    store = StoreResource(root=_store_root(args))
-    inst = instance()
+    store = r.StoreResource(root=_store_root(args))
+    inst = r.instance()
     keys = []
     for name in DATASETS:
-        keys += ingest(inst, store, name, str(data / name / "manifest.csv"), args.shard_size)
+        keys += r.ingest(inst, store, name, str(data / name / "manifest.csv"), args.shard_size)
     print(f"\n2/6 extracting raw latents of {len(keys)} shards into {store.root} (shipped demo VideoMAE)")
-    rows = _extract(store, EncoderResource(), keys)  # static clips where roles say training reads them
-    print(f"  {sum(r['clips'] for r in rows)} clip latents + {sum(r['static_clips'] for r in rows)} static, "
-          f"{sum(r['quarantined'] for r in rows)} quarantined "
+    rows = _extract(store, r.EncoderResource(), keys)  # static clips where roles say training reads them
+    print(f"  {sum(x['clips'] for x in rows)} clip latents + {sum(x['static_clips'] for x in rows)} static, "
+          f"{sum(x['quarantined'] for x in rows)} quarantined "
           f"[{time.perf_counter() - t0:.0f} s]")
     print("\n3/6 training the anonymizing adapter from cached latents")
-    print(f"  {_training_preflight(store.store(), DEMO_AAM)}")
-    _train_aam(store, DEMO_AAM)
+    print(f"  {_training_preflight(store.store(), {})}")
+    _train_aam(store, {})  # AAMTrainingConfig's defaults (README: how they were chosen)
     print(f"\n4/6 publishing anonymized feature tables and the DuckDB catalog [{time.perf_counter() - t0:.0f} s]")
     cmd_publish(argparse.Namespace(store=store.root, version=None))
     print(f"\n5/6 evaluating raw vs anonymized features [{time.perf_counter() - t0:.0f} s]")
@@ -274,9 +288,6 @@ def cmd_demo(args) -> int:
 
 
 def _catalog_store(args):
-    from splavu_core.catalog import CatalogError, catalog_path
-    from splavu_core.store import FeatureStore
-
     root = _store_root(args)
     store = FeatureStore(root)
     if not catalog_path(store).is_file():
@@ -288,8 +299,6 @@ def _catalog_store(args):
 
 
 def cmd_sql(args) -> int:
-    from splavu_core.catalog import empty_reason, format_table, query
-
     if not args.query.strip():
         raise StoreError('empty query: pass SQL, e.g. splavu sql "SELECT dataset, count(*) FROM videos GROUP BY ALL"')
     store = _catalog_store(args)
@@ -301,11 +310,6 @@ def cmd_sql(args) -> int:
 
 
 def cmd_neighbors(args) -> int:
-    from splavu_core.catalog import format_table
-    from splavu_core.neighbors import Index, NeighborsError, neighbors, refuse_if_refused
-    from splavu_core.publish import current_version, read_versions
-    from splavu_core.store import FeatureStore
-
     if args.k < 1:
         raise NeighborsError(f"--k must be >= 1, got {args.k}")
     store = FeatureStore(_store_root(args))
@@ -318,32 +322,34 @@ def cmd_neighbors(args) -> int:
             print(f"note: AAM version {version} has no up-to-date neighbour index, so its Parquet tables were read "
                   f"instead (slow); `splavu publish --version {version}` writes it", file=sys.stderr)
     out = format_table(neighbors(store, args.video_id, k=args.k, reduce=args.reduce, dataset=args.dataset,
-                                 version=version, index=index), args.format)
+                                 version=version, index=index, mode=args.search, nprobe=args.nprobe), args.format)
     print(out, end="" if out.endswith("\n") else "\n")
     return 0
 
 
 
 def cmd_fail_run(args) -> int:
-    from pipeline.recovery import fail_run
-    from pipeline.runner import instance
-
-    inst = instance()
+    r = _runner()
+    inst = r.instance()
     run = inst.get_run_by_id(args.run_id)
     if run is None:
         raise StoreError(f"no run {args.run_id!r} in the Dagster instance at {inst.root_directory}")
-    fail_run(inst, run, "by hand (`splavu fail-run`)", log=print)
+    r.fail_run(inst, run, "by hand (`splavu fail-run`)", log=print)
     return 0
 
 
 def main(argv=None) -> int:
-    from splavu_core.synth.datasets import BENCHMARKS, DEFAULT_BENCHMARK
-
     ap = argparse.ArgumentParser(prog="splavu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", help="store root (default $SPLAVU_STORE or ./store)")
+    # every subcommand takes --store too (`splavu sql --store X ...`); SUPPRESS keeps the one given before it otherwise
+    store_opt = argparse.ArgumentParser(add_help=False)
+    store_opt.add_argument("--store", default=argparse.SUPPRESS, help="store root (default $SPLAVU_STORE or ./store)")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
-    p = sub.add_parser("synth", help="generate the synthetic benchmark")
+    def add(name: str, **kw) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[store_opt], **kw)
+
+    p = add("synth", help="generate the synthetic benchmark")
     p.add_argument("--scale", default="demo", choices=["tiny", "demo", "large"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
@@ -354,7 +360,7 @@ def main(argv=None) -> int:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_synth)
 
-    p = sub.add_parser("ingest", help="register a dataset (folder + manifest) and its shards")
+    p = add("ingest", help="register a dataset (folder + manifest) and its shards")
     p.add_argument("name")
     p.add_argument("manifest")
     p.add_argument("--shard-size", type=int, default=256)
@@ -363,30 +369,30 @@ def main(argv=None) -> int:
                                    "default: the dataset's name when it is one of these")
     p.set_defaults(fn=cmd_ingest)
 
-    p = sub.add_parser("extract", help="extract raw latents of registered datasets")
+    p = add("extract", help="extract raw latents of registered datasets")
     p.add_argument("--dataset", nargs="*")
     p.add_argument("--checkpoint", help="VideoMAE / V-JEPA 2 directory or hub id (default: the demo encoder)")
     p.set_defaults(fn=cmd_extract)
 
-    p = sub.add_parser("train", help="train an AAM from the store's cached latents (Dagster run)")
+    p = add("train", help="train an AAM from the store's cached latents (Dagster run)")
     p.add_argument("--config", help="JSON of AAMTrainingConfig fields, e.g. '{\"epochs\": 30, \"w_lc\": 10}'")
     p.add_argument("--tasks", help="utility tasks to co-train, e.g. ar,tad (default: every task with labelled data)")
     p.set_defaults(fn=cmd_train)
 
-    p = sub.add_parser("publish", help="anonymize every shard with an AAM version and rebuild the catalog")
+    p = add("publish", help="anonymize every shard with an AAM version and rebuild the catalog")
     p.add_argument("--version", help="AAM version (default: the newest)")
     p.set_defaults(fn=cmd_publish)
 
-    p = sub.add_parser("evaluate", help="score raw vs anonymized features; write reports/privacy_utility.*")
+    p = add("evaluate", help="score raw vs anonymized features; write reports/privacy_utility.*")
     p.add_argument("--version", help="AAM version (default: the newest)")
     p.set_defaults(fn=cmd_evaluate)
 
-    p = sub.add_parser("ablations", help="train and score the ablation variants; write reports/ablations.*")
+    p = add("ablations", help="train and score the ablation variants; write reports/ablations.*")
     p.add_argument("--variants", nargs="*")
     p.add_argument("--epochs", type=int)
     p.set_defaults(fn=cmd_ablations)
 
-    p = sub.add_parser("baselines", help="pixel-space baselines (blur, blacken, 2x/4x downsampling) through the same "
+    p = add("baselines", help="pixel-space baselines (blur, blacken, 2x/4x downsampling) through the same "
                                          "encoder and evaluation; adds their rows and costs to the report")
     p.add_argument("--only", nargs="*", help="baselines to run (default: all of blur blacken down2 down4)")
     p.add_argument("--masks", default="none", choices=["none", "rendered", "hog"],
@@ -397,7 +403,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-evaluate", action="store_true", help="extract only")
     p.set_defaults(fn=cmd_baselines)
 
-    p = sub.add_parser("demo", help="run the pipeline on the embedded synthetic benchmark")
+    p = add("demo", help="run the pipeline on the embedded synthetic benchmark")
     p.add_argument("--data", default="data/synth")
     p.add_argument("--scale", default="demo", choices=["tiny", "demo", "large"])
     p.add_argument("--seed", type=int, default=0)
@@ -406,21 +412,25 @@ def main(argv=None) -> int:
     p.add_argument("--regenerate", action="store_true")
     p.set_defaults(fn=cmd_demo)
 
-    p = sub.add_parser("sql", help="run a read-only SQL query on the catalog (catalog.duckdb)")
+    p = add("sql", help="run a read-only SQL query on the catalog (catalog.duckdb)")
     p.add_argument("query", help='e.g. "SELECT split, count(*) FROM clips GROUP BY split"')
     p.add_argument("--format", default="table", choices=["table", "csv", "json"])
     p.set_defaults(fn=cmd_sql)
 
-    p = sub.add_parser("neighbors", help="nearest clips to a video in the current anonymized table")
+    p = add("neighbors", help="nearest clips to a video in the current anonymized table")
     p.add_argument("video_id")
     p.add_argument("--version", help="AAM version whose published table to search (default: the current one)")
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--dataset", help="the video's dataset, when its id occurs in several")
     p.add_argument("--reduce", default="mean", choices=["mean", "first"], help="query with the mean or the first clip")
+    p.add_argument("--search", default="auto", choices=["auto", "exact", "approximate"],
+                   help="exact: every row scored; approximate: the version's faiss IVF index (written for tables of "
+                        "10M+ rows, $SPLAVU_ANN_MIN_ROWS); auto: approximate where the version has that index")
+    p.add_argument("--nprobe", type=int, default=8, help="IVF lists scanned by the approximate search")
     p.add_argument("--format", default="table", choices=["table", "csv", "json"])
     p.set_defaults(fn=cmd_neighbors)
 
-    p = sub.add_parser("fail-run", help="mark a run whose process is gone failed and free its pool slots "
+    p = add("fail-run", help="mark a run whose process is gone failed and free its pool slots "
                                         "(runs of this host are found and failed automatically)")
     p.add_argument("run_id")
     p.set_defaults(fn=cmd_fail_run)
@@ -442,8 +452,6 @@ CREATES_STORE = ("synth", "ingest", "demo", "fail-run")  # every other command r
 
 
 def _require_store(root: str) -> None:
-    from splavu_core.store import FeatureStore
-
     if not FeatureStore(root).fs.isdir(""):
         raise StoreError(f"no store at {root}: register a dataset first (splavu ingest NAME MANIFEST), "
                          f"or point --store / $SPLAVU_STORE at an existing store")
@@ -451,15 +459,16 @@ def _require_store(root: str) -> None:
 
 def _expected_error(e: BaseException) -> BaseException | None:
     """The user-facing error inside `e` (Dagster wraps what an asset raised), or None for a bug."""
-    import dagster as dg
-
-    from splavu_core.aam.train import TrainingDataError
-    from splavu_core.synth.datasets import BenchmarkMismatch
-
+    expected = [ManifestError, StoreError, PixelError, BenchmarkMismatch]
+    # these two are raised only by code that imported their module: recognised without importing it (seconds)
+    if "splavu_core.aam.train" in sys.modules:
+        expected.append(sys.modules["splavu_core.aam.train"].TrainingDataError)
+    if "dagster" in sys.modules:
+        expected.append(sys.modules["dagster"].Failure)
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, (ManifestError, StoreError, PixelError, TrainingDataError, BenchmarkMismatch, dg.Failure)):
+        if isinstance(e, tuple(expected)):
             return e
         e = getattr(e, "user_exception", None) or e.__cause__
     return None

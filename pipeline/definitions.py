@@ -4,7 +4,7 @@ import dagster as dg
 from assets import aam, anonymized, baselines, catalog, evaluation, latents, manifest
 from pipeline import ablations
 from pipeline.executors import splavu_executor
-from pipeline.jobs import evaluate_job, extract_job, pixel_baselines_job
+from pipeline.jobs import evaluate_job, extract_job, pixel_baselines_job, train_aam_job
 from pipeline.reanonymize import (anonymize_new_shards, reanonymize_job, reanonymize_on_new_aam, reanonymize_schedule,
                                   refresh_catalog_job, refresh_catalog_sensor)
 from pipeline.resources import EncoderResource, StoreResource
@@ -13,7 +13,7 @@ from pipeline.sensors import inbox_sensor
 defs = dg.Definitions(
     assets=[*dg.load_assets_from_modules([manifest, latents, aam, anonymized, catalog, evaluation, baselines]), *ablations.ASSETS],
     asset_checks=evaluation.CHECKS,  # checks are not picked up by load_assets_from_modules
-    jobs=[extract_job, reanonymize_job, refresh_catalog_job, evaluate_job, ablations.ablations_job,
+    jobs=[extract_job, train_aam_job, reanonymize_job, refresh_catalog_job, evaluate_job, ablations.ablations_job,
           pixel_baselines_job],
     sensors=[inbox_sensor, reanonymize_on_new_aam, anonymize_new_shards, refresh_catalog_sensor],
     schedules=[reanonymize_schedule],

@@ -34,9 +34,11 @@ from __future__ import annotations
 import os
 import warnings
 from contextlib import contextmanager
+from pathlib import Path
 
 import dagster as dg
 from dagster._config import process_config
+from dagster._core.definitions.reconstruct import ReconstructableRepository
 from dagster._core.definitions.executor_definition import multiple_process_executor_requirements
 from dagster._core.errors import DagsterInvalidConfigError
 from dagster._core.executor.init import InitExecutorContext
@@ -57,12 +59,13 @@ def _integration_import():
 
 
 def _cluster_executor(engine: str) -> dg.ExecutorDefinition:
-    """The integration library's executor definition; imported only when a run asks for it."""
+    """The integration library's executor definition; imported only when a run asks for it (they are optional
+    installs, and dagster_k8s pulls in the kubernetes client)."""
     with _integration_import():
         if engine == "dask":
-            from dagster_dask import dask_executor
+            from dagster_dask import dask_executor  # optional install, only when asked for
             return dask_executor
-        from dagster_k8s import k8s_job_executor
+        from dagster_k8s import k8s_job_executor  # optional install, only when asked for
         return k8s_job_executor
 
 
@@ -115,7 +118,7 @@ def splavu_executor(init_context: InitExecutorContext) -> dg.Executor:
     ((engine, config),) = init_context.executor_config.items()
     if engine == "dask":  # dagster-dask's executor, run-scoped (pipeline/dask_engine.py says why)
         with _integration_import():
-            from pipeline.dask_engine import dask_engine
+            from pipeline.dask_engine import dask_engine  # loads distributed: dask runs only
         return dask_engine(engine_config(engine, config))
     if engine == "k8s":
         target, config = _cluster_executor(engine), engine_config(engine, config)
@@ -131,10 +134,6 @@ def splavu_executor(init_context: InitExecutorContext) -> dg.Executor:
 def code_location_job(name: str):
     """Job `name` of pipeline.definitions as a ReconstructableJob: what `dagster dev` and the daemon hand
     to an executor, so that step processes, dask workers and pods load it from the module themselves."""
-    from pathlib import Path
-
-    from dagster._core.definitions.reconstruct import ReconstructableRepository
-
     repo = ReconstructableRepository.for_module("pipeline.definitions", "defs",
                                                 working_directory=str(Path(__file__).resolve().parents[1]))
     return repo.get_reconstructable_job(name)

@@ -8,6 +8,11 @@ extract_job = dg.define_asset_job(
     "extract_latents", selection=dg.AssetSelection.assets("video_manifest", "clip_latents", "static_latents"),
     partitions_def=shards, description="Validate a shard's manifest rows and extract its raw latents.")
 
+train_aam_job = dg.define_asset_job(
+    "train_aam", selection=dg.AssetSelection.assets("aam_model"),
+    description="Train an AAM from the cached clip and static latents (the encoder is never loaded); "
+                "`reanonymize` then publishes it.")
+
 evaluate_job = dg.define_asset_job(
     "evaluate", selection=dg.AssetSelection.groups("evaluation"),
     description="Score raw and anonymized features on every task and write the privacy-utility report.")

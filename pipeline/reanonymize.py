@@ -21,8 +21,8 @@ asset itself skips a shard already published with that version):
                               or in progress: rebuild the catalog once
 
 Ad hoc from the UI, selecting anonymized_features + feature_catalog and "Materialize all" launches
-an asset backfill that runs every shard and then the catalog once; `run_reanonymize` below does
-the same in-process (no daemon), for the CLI, `make demo` and tests.
+an asset backfill that runs every shard and then the catalog once; pipeline/runner.py `run_reanonymize`
+does the same in-process (no daemon), for the CLI, `make demo` and tests.
 """
 from __future__ import annotations
 
@@ -30,13 +30,10 @@ import os
 
 import dagster as dg
 
-from assets.anonymized import (anonymized_features, newest_version, registered_shards, resolve_version,
-                               shards_lacking, target_versions)
-from assets.catalog import feature_catalog
+from assets.anonymized import newest_version, registered_shards, resolve_version, shards_lacking, target_versions
 from pipeline.partitions import shards
 from pipeline.resources import StoreResource
 from splavu_core.publish import PublishError
-from pipeline.inprocess import quiet
 
 DEFAULT_CRON = "0 3 * * *"
 IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
@@ -76,8 +73,9 @@ def _add_partitions(context, keys: list[str]) -> list:
 # ---------------------------------------------------------------- (a) a new AAM version
 
 @dg.asset_sensor(asset_key=dg.AssetKey("aam_model"), job=reanonymize_job, name="reanonymize_on_new_aam",
-                 minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.RUNNING,
-                 description="A new aam_model materialisation re-anonymizes every registered shard with it.")
+                 minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.STOPPED,
+                 description="A new aam_model materialisation re-anonymizes every registered shard with it. Writes "
+                             "to the store, so it starts stopped: turn it on in the UI (Automation).")
 def reanonymize_on_new_aam(context: dg.SensorEvaluationContext, asset_event: dg.EventLogEntry, store: StoreResource):
     fs = store.store()
     mat = asset_event.asset_materialization
@@ -104,9 +102,9 @@ def reanonymize_on_new_aam(context: dg.SensorEvaluationContext, asset_event: dg.
 # ---------------------------------------------------------------- (c) new shards (e.g. from the inbox)
 
 @dg.sensor(job=reanonymize_job, name="anonymize_new_shards", minimum_interval_seconds=30,
-           default_status=dg.DefaultSensorStatus.RUNNING,
+           default_status=dg.DefaultSensorStatus.STOPPED,
            description="A new clip_latents materialisation (new or re-extracted shard) is anonymized with the "
-                       "current AAM (and the one being rolled out), unless its table already exists.")
+                       "current AAM (and the one being rolled out), unless its table already exists. Starts stopped.")
 def anonymize_new_shards(context: dg.SensorEvaluationContext, store: StoreResource):
     res = context.instance.fetch_materializations(dg.AssetKey("clip_latents"), limit=1000, cursor=context.cursor,
                                                   ascending=True)
@@ -162,9 +160,9 @@ reanonymize_schedule = build_reanonymize_schedule()
 # ---------------------------------------------------------------- the catalog after a batch
 
 @dg.sensor(job=refresh_catalog_job, name="refresh_catalog_sensor", minimum_interval_seconds=60,
-           default_status=dg.DefaultSensorStatus.RUNNING,
+           default_status=dg.DefaultSensorStatus.STOPPED,
            description="Rebuilds the catalog once anonymized_features has new materialisations and no "
-                       "reanonymize run is queued or in progress (one rebuild per batch of shard runs).")
+                       "reanonymize run is queued or in progress (one rebuild per batch of shard runs). Starts stopped.")
 def refresh_catalog_sensor(context: dg.SensorEvaluationContext):
     latest = context.instance.fetch_materializations(dg.AssetKey("anonymized_features"), limit=1).records
     if not latest:
@@ -177,30 +175,3 @@ def refresh_catalog_sensor(context: dg.SensorEvaluationContext):
         return dg.SkipReason(f"waiting for {busy} reanonymize run(s) to finish")
     request = dg.RunRequest(run_key=f"catalog:{newest}", tags={"splavu/trigger": "reanonymize"})
     return dg.SensorResult(run_requests=[request], cursor=str(newest))
-
-
-# ---------------------------------------------------------------- in-process (no daemon)
-
-def run_reanonymize(instance: dg.DagsterInstance, store: StoreResource, version: str = "",
-                    shard_keys: list[str] | None = None, retention: int = 0, catalog: bool = True) -> dict:
-    """Publish `shard_keys` (default: every registered shard with latents) with `version` (default newest),
-    one run per shard as the job does, then rebuild the catalog. Raises on the first failing shard."""
-    fs = store.store()
-    version = resolve_version(fs, version)
-    keys = shard_keys if shard_keys is not None else [s for s in registered_shards(fs) if fs.committed(s)]
-    have = set(instance.get_dynamic_partitions(shards.name))
-    if set(keys) - have:
-        instance.add_dynamic_partitions(shards.name, sorted(set(keys) - have))
-    out = {"version": version, "shards": {}}
-    for key in keys:
-        res = dg.materialize([anonymized_features], instance=instance, partition_key=key,
-                             resources={"store": store}, run_config=quiet(anonymize_run_config(version, retention)),
-                             tags={"splavu/trigger": "cli", "splavu/aam_version": version})
-        out["shards"][key] = {k: v.value for k, v in res.asset_materializations_for_node("anonymized_features")[0]
-                              .metadata.items()}
-    if catalog:
-        res = dg.materialize([feature_catalog], instance=instance, resources={"store": store}, run_config=quiet(),
-                             tags={"splavu/trigger": "cli"})
-        out["catalog"] = {k: v.value for k, v in res.asset_materializations_for_node("feature_catalog")[0]
-                          .metadata.items()}
-    return out

@@ -1,6 +1,6 @@
 """Runs the CLI launches survive their own crash: dead runs are failed and their pool slots freed.
 
-A run executed in-process (`dg.materialize`, what every `splavu` command does) has no run worker
+A run executed in-process (`execute_in_process` of a named job, what every `splavu` command does) has no run worker
 that Dagster's run monitoring could check: after `kill -9` it stays STARTED forever and keeps its
 `encoder` pool slot, so the next extraction blocks on that slot without a word. So every run the CLI
 starts carries its owner in its tags (host, pid, the pid's start time: pids get reused), and

@@ -1,21 +1,30 @@
-"""Run assets in-process against the local Dagster instance ($DAGSTER_HOME), as the CLI does.
+"""Run the code location's named jobs in-process against the local Dagster instance ($DAGSTER_HOME), as the CLI does.
 
-Runs show up in `dagster dev` like any other; a cluster deployment runs the same assets through
-its own executor instead.
+Every command runs a job of pipeline.definitions by name (`extract_latents`, `train_aam`, `reanonymize`,
+`refresh_catalog`, `evaluate`, `ablations`, `pixel_baselines`) with its asset selection, so the runs show up in
+`dagster dev` under that job and with those assets, like a run launched from the UI; only the executor differs
+(in-process here; a cluster deployment runs the same jobs through its own executor).
 """
 from __future__ import annotations
 
 import functools
 import os
+import time
 
 import dagster as dg
 
+from assets.anonymized import newest_version, registered_shards, resolve_version  # noqa: F401  (newest_version: the CLI)
+from assets.evaluation import EVAL_ASSETS, privacy_utility_report
+from pipeline.ablations import VARIANTS
 from pipeline.definitions import defs
-from pipeline.partitions import shards
-from pipeline.recovery import owned_run
-from pipeline.resources import EncoderResource, StoreResource
-from splavu_core.registry import register_dataset
 from pipeline.inprocess import quiet
+from pipeline.partitions import shards
+from pipeline.reanonymize import anonymize_run_config
+from pipeline.recovery import fail_run, owned_run  # noqa: F401  (fail_run: the CLI)
+from pipeline.resources import EncoderResource, StoreResource
+from splavu_core.pixel import BASELINES  # noqa: F401  (the CLI)
+from splavu_core.registry import register_dataset
+from splavu_core.store import FeatureStore
 
 
 def instance() -> dg.DagsterInstance:
@@ -24,6 +33,8 @@ def instance() -> dg.DagsterInstance:
         return dg.DagsterInstance.get()
     return _process_instance()
 
+
+default_instance = instance  # for the functions below whose `instance` parameter hides it
 
 @functools.cache
 def _process_instance() -> dg.DagsterInstance:
@@ -35,50 +46,128 @@ def _process_instance() -> dg.DagsterInstance:
 def ingest(inst: dg.DagsterInstance, store: StoreResource, name: str, manifest: str, shard_size: int,
            roles=None) -> list[str]:
     keys = register_dataset(store.store(), name, manifest, shard_size, roles=roles)
-    have = set(inst.get_dynamic_partitions(shards.name))
-    new = [k for k in keys if k not in have]
-    if new:
-        inst.add_dynamic_partitions(shards.name, new)
+    _add_shards(inst, keys)
     return keys
 
 
-def assets_for(*names: str):
-    graph = defs.resolve_asset_graph()
-    wanted = {dg.AssetKey(n) for n in names}
-    out = []
-    for a in defs.assets:
-        if isinstance(a, dg.AssetsDefinition) and set(a.keys) & wanted:
-            out.append(a)
-    assert out, f"no assets named {names}"
-    return out, graph
+def _add_shards(inst: dg.DagsterInstance, keys) -> None:
+    have = set(inst.get_dynamic_partitions(shards.name))
+    new = sorted(set(keys) - have)
+    if new:
+        inst.add_dynamic_partitions(shards.name, new)
 
 
-def materialize_owned(assets, inst: dg.DagsterInstance, store: StoreResource, **kw) -> dg.ExecuteInProcessResult:
-    """dg.materialize in this process, as a run this process owns: a crash of an earlier one does not block it,
-    and a wait on a pool slot is announced (pipeline/recovery.py)."""
+def run_job(inst: dg.DagsterInstance, name: str, store: StoreResource, *, assets=None, partition_key: str | None = None,
+            run_config: dict | None = None, resources: dict | None = None, tags: dict | None = None,
+            raise_on_error: bool = True, skip_checks: tuple[str, ...] = ()) -> dg.ExecuteInProcessResult:
+    """Execute the code location's job `name` in this process (assets: a subset of its selection, default all of
+    it), as a run this process owns: a crash of an earlier one does not block it, and a wait on a pool slot is
+    announced (pipeline/recovery.py). The run is recorded under the job's name with its asset selection.
+    skip_checks: asset checks (by name) left out of this run."""
+    job = with_resources({"store": store, **(resources or {})}, skip_checks).resolve_job_def(name)
+    keys = [dg.AssetKey(a) for a in assets] if assets else sorted(job.asset_layer.executable_asset_keys)
     with owned_run(inst, store.root) as owner:
-        return dg.materialize(assets, instance=inst, tags={"splavu/entry": "cli", **owner}, **kw)
+        return job.execute_in_process(run_config=quiet(run_config), instance=inst, partition_key=partition_key,
+                                      asset_selection=keys, tags={"splavu/entry": "cli", **owner, **(tags or {})},
+                                      raise_on_error=raise_on_error)
+
+
+def with_resources(resources: dict, skip_checks: tuple[str, ...] = ()) -> dg.Definitions:
+    """The code location with some resources replaced (this command's store, encoder), and without the asset checks
+    named in skip_checks. A resolved job's assets carry the location's resources, which execute_in_process(resources=)
+    may not replace; and its asset selection brings back every check of the selected assets, so a check is left out
+    by leaving it out of the location."""
+    checks = [c for c in defs.asset_checks if not any(k.name in skip_checks for k in c.check_keys)]
+    return dg.Definitions(assets=defs.assets, asset_checks=checks, jobs=defs.jobs, sensors=defs.sensors,
+                          schedules=defs.schedules, resources={**defs.resources, **resources}, executor=defs.executor)
+
+
+def metadata(res: dg.ExecuteInProcessResult, node: str) -> dict:
+    """The values of the metadata of `node`'s first materialization in a run."""
+    return {k: v.value for k, v in res.asset_materializations_for_node(node)[0].metadata.items()}
 
 
 def materialize_shard(inst, shard: str, store: StoreResource, encoder: EncoderResource,
                       selection=("video_manifest", "clip_latents", "static_latents")) -> dg.ExecuteInProcessResult:
-    assets, _ = assets_for(*selection)
-    return materialize_owned(assets, inst, store, partition_key=shard, resources={"store": store, "encoder": encoder},
-                             run_config=quiet(), selection=list(selection))
+    return run_job(inst, "extract_latents", store, assets=selection, partition_key=shard, resources={"encoder": encoder})
+
+
+def train_aam(inst, store: StoreResource, config: dict | None = None) -> dg.ExecuteInProcessResult:
+    return run_job(inst, "train_aam", store, run_config={"ops": {"aam_model": {"config": dict(config or {})}}})
+
+
+def run_reanonymize(inst: dg.DagsterInstance, store: StoreResource, version: str = "",
+                    shard_keys: list[str] | None = None, retention: int = 0, catalog: bool = True) -> dict:
+    """Publish `shard_keys` (default: every registered shard with latents) with `version` (default newest),
+    one `reanonymize` run per shard as the job does, then `refresh_catalog`. Raises on the first failing shard."""
+    fs = store.store()
+    version = resolve_version(fs, version)
+    keys = shard_keys if shard_keys is not None else [s for s in registered_shards(fs) if fs.committed(s)]
+    _add_shards(inst, keys)
+    out = {"version": version, "shards": {}}
+    for key in keys:
+        res = run_job(inst, "reanonymize", store, assets=["anonymized_features"], partition_key=key,
+                      run_config=anonymize_run_config(version, retention),
+                      tags={"splavu/trigger": "cli", "splavu/aam_version": version},
+                      # the gate decides promotion inside the asset (maybe_promote), once the last shard is in; the
+                      # blocking check would re-measure per shard run with other probe settings (as before: not run)
+                      skip_checks=("privacy_budget",))
+        out["shards"][key] = metadata(res, "anonymized_features")
+    if catalog:
+        res = run_job(inst, "refresh_catalog", store, tags={"splavu/trigger": "cli"})
+        out["catalog"] = metadata(res, "feature_catalog")
+    return out
+
+
+def run_evaluation(store, config: dict | None = None, instance: dg.DagsterInstance | None = None,
+                   raise_on_error: bool = True) -> dg.ExecuteInProcessResult:
+    """The `evaluate` job in-process: every *_eval asset, privacy_utility_report and its utility_retention check.
+    store: FeatureStore, StoreResource or root path; config: EvalConfig fields applied to every eval asset (e.g.
+    {"aam_version": ...}). The report is then at <root>/reports/privacy_utility.{json,md,png}."""
+    root = str(getattr(store, "root", store))
+    ops = {a.node_def.name: {"config": dict(config or {})} for a in EVAL_ASSETS}
+    if config and config.get("aam_version"):
+        ops[privacy_utility_report.node_def.name] = {"config": {"aam_version": config["aam_version"]}}
+    return run_job(instance or default_instance(), "evaluate", StoreResource(root=root),
+                   run_config={"ops": ops}, raise_on_error=raise_on_error)
+
+
+def run_ablations(store, variants=None, epochs: int | None = None, config: dict | None = None,
+                  instance: dg.DagsterInstance | None = None, log=print) -> dict:
+    """The `ablations` job in-process: one run per variant (default: all), then the report; returns the report dict.
+
+    store: a FeatureStore, StoreResource or root path. epochs: AAM training epochs (default: the base
+    config's). config: further AblationConfig fields (e.g. smaller probes or adapter)."""
+    inst = instance or default_instance()
+    root = str(getattr(store, "root", store))
+    resource = StoreResource(root=root)
+    cfg = {**(config or {}), **({"epochs": int(epochs)} if epochs else {})}
+    names = list(variants or VARIANTS)
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        raise ValueError(f"unknown ablation variant(s) {unknown}; choose from {list(VARIANTS)}")
+    for v in names:
+        t0 = time.perf_counter()
+        res = run_job(inst, "ablations", resource, assets=["ablation_variant"], partition_key=v,
+                      run_config={"ops": {"ablation_variant": {"config": cfg}}})
+        assert res.success, f"ablation variant {v} failed"
+        if log:
+            log(f"  {v:12s} done in {time.perf_counter() - t0:.0f} s")
+    res = run_job(inst, "ablations", resource, assets=["ablation_report"], partition_key=names[-1],
+                  run_config={"ops": {"ablation_report": {"config": cfg}}})
+    assert res.success, "ablation_report failed"
+    return FeatureStore(root).fs.read_json("reports/ablations.json")
 
 
 def run_baselines(inst, store: StoreResource, encoder: EncoderResource, names, mask_source: str = "none",
                   datasets=(), log=print) -> dict[str, dict]:
-    """Materialise pixel_baseline_latents for each baseline in `names`; returns name -> its metadata."""
-    from assets.baselines import pixel_baseline_latents
-
+    """The `pixel_baselines` job for each baseline in `names`; returns name -> its metadata."""
     out = {}
     for name in names:
         cfg = {"mask_source": mask_source, "datasets": list(datasets)}
-        res = materialize_owned([pixel_baseline_latents], inst, store, partition_key=name,
-                                resources={"store": store, "encoder": encoder},
-                                run_config=quiet({"ops": {"pixel_baseline_latents": {"config": cfg}}}))
-        md = {k: v.value for k, v in res.asset_materializations_for_node("pixel_baseline_latents")[0].metadata.items()}
+        res = run_job(inst, "pixel_baselines", store, partition_key=name, resources={"encoder": encoder},
+                      run_config={"ops": {"pixel_baseline_latents": {"config": cfg}}})
+        md = metadata(res, "pixel_baseline_latents")
         out[name] = md
         if log:
             log(f"  pixel_{name:8s} skipped: {md['reason']}" if md["skipped"] else

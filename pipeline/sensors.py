@@ -25,9 +25,9 @@ def dataset_name(folder: Path) -> str:
     return "inbox_" + re.sub(r"[^a-z0-9_]+", "_", folder.name.lower()).strip("_")
 
 
-@dg.sensor(job=extract_job, minimum_interval_seconds=30,
+@dg.sensor(job=extract_job, minimum_interval_seconds=30, default_status=dg.DefaultSensorStatus.STOPPED,
            description="Registers each new folder under the inbox (videos + manifest.csv|parquet) as a dataset "
-                       "and requests extraction of its shards.")
+                       "and requests extraction of its shards. Writes to the store, so it starts stopped.")
 def inbox_sensor(context: dg.SensorEvaluationContext, store: StoreResource):
     fs = store.store()
     inbox = Path(store.inbox_dir())

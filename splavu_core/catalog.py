@@ -1,6 +1,7 @@
 """The analysts' DuckDB catalog: <root>/catalog.duckdb, views over the store's Parquet tables.
 
-    videos                    manifests/*.parquet (+ dataset, shard)
+    videos                    manifests/*.parquet (+ dataset, shard); these files hold no attr_* column: private
+                              labels live in labels/<shard>.parquet, which no view reads (store.py)
     clips                     latents/*/clips.parquet: the clip INDEX of raw shards (+ dataset, shard)
     quarantine                latents/*/quarantine.parquet (+ dataset)
     anonymized_features       anonymized/<current>/*.parquet, feature as FLOAT[D] (+ dataset, shard)
@@ -17,7 +18,7 @@ appear without a rebuild; a rebuild is needed when the current AAM version chang
 goes from zero files to some (its view is an empty typed SELECT until then), or after retention /
 purges empty a glob (DuckDB errors on a glob that matches nothing).
 
-Analysts' connections (query(), neighbors(), `splavu sql`) are read-only: only SELECT / EXPLAIN
+Analysts' connections (analyst.py: query(), neighbors(), `splavu sql`) are read-only: only SELECT / EXPLAIN
 statements, external access off except for exactly the Parquet files the catalog's views name (their
 globs and what they match now), configuration locked. So nothing is written anywhere, and raw latent
 chunks, refused versions' tables and any other file stay unreadable, on local and object-store roots
@@ -37,23 +38,19 @@ new shards appear there after a rebuild (the refresh_catalog_sensor rebuilds aft
 """
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import re
 import json
-import math
 import os
 import time
 import uuid
-from datetime import date, datetime
 from pathlib import Path
 
-import numpy as np
+import duckdb
 import pyarrow as pa
 
-from .publish import (VERSIONS_KEY, VERSIONS_SCHEMA, anonymized_key, approved_versions, current_version,
-                      published_shards, read_versions, refused_versions)
+from .publish import (VERSIONS_KEY, VERSIONS_SCHEMA, anonymized_key, anonymized_schema, approved_versions,
+                      current_version, published_shards, read_versions, refused_versions)
 from .store import CLIP_INDEX_SCHEMA, QUARANTINE_SCHEMA, FeatureStore, StoreError
 
 CATALOG_FILE = "catalog.duckdb"
@@ -95,7 +92,7 @@ def catalog_path(store: FeatureStore) -> Path:
 
 # ---------------------------------------------------------------- SQL helpers
 
-def _lit(s: str) -> str:
+def sql_literal(s: str) -> str:
     return "'" + str(s).replace("'", "''") + "'"
 
 
@@ -132,14 +129,12 @@ def _parquet_view(con, name: str, store: FeatureStore, pattern: str | list[str] 
     """CREATE VIEW name over read_parquet(pattern) if any file matches now, else over `empty`.
     `pattern` is a key glob of the store, or an explicit list of keys. `select` is formatted with
     {src} = the read_parquet(...) call. Returns the files matched."""
-    import duckdb
-
     if isinstance(pattern, list):
         files = pattern
-        arg = "[" + ", ".join(_lit(store.fs.duck_url(k)) for k in files) + "]"
+        arg = "[" + ", ".join(sql_literal(store.fs.duck_url(k)) for k in files) + "]"
     else:
         files = store.fs.match(pattern) if pattern else []  # like DuckDB's glob, but `*` skips hidden names (temp files)
-        arg = _lit(store.fs.duck_url(pattern)) if pattern else "''"
+        arg = sql_literal(store.fs.duck_url(pattern)) if pattern else "''"
         pattern = store.loc(pattern) if pattern else None
     src = f"read_parquet({arg}, union_by_name=true, filename=true)"
     try:
@@ -169,6 +164,8 @@ def _classify(rel: Path) -> tuple[str, str | None, str | None]:
         return "aam", None, parts[1]
     if top == "manifests":
         return "manifests", Path(parts[1]).stem, None
+    if top == "labels":  # private attr_* ground truth: listed here by path and size, never readable through a view
+        return "private_labels", Path(parts[1]).stem, None
     if top == "neighbors" and len(parts) > 2:  # splavu_core.neighbors: a version's anonymized features, normalised
         return "neighbor_index", None, parts[1]
     if top in ("metrics", "runs", "datasets"):
@@ -217,8 +214,6 @@ def _feature_dim(store: FeatureStore, version: str | None) -> int | None:
 
 
 def _anonymized_views(con, store: FeatureStore, version: str | None, dim: int | None) -> dict:
-    from .publish import anonymized_schema
-
     feat = f"feature::FLOAT[{dim}]" if dim else "feature"
     shard = SHARD_FROM_FILE
     select = (f"SELECT {_dataset_sql(shard)} AS dataset, {shard} AS shard, * EXCLUDE (filename) "
@@ -273,8 +268,6 @@ def _create_views(con, store: FeatureStore, version: str | None, dim: int | None
 def _check_not_locked(target: Path) -> None:
     """Refuse while another process holds the catalog open for writing (DuckDB takes an exclusive
     lock then): replacing the file under it would silently drop whatever it writes."""
-    import duckdb
-
     if not target.is_file():
         return
     try:
@@ -297,8 +290,6 @@ def build_catalog(store: FeatureStore) -> dict:
     """(Re)build <root>/catalog.duckdb; idempotent. Returns {path, version, dim, files, rows, seconds}
     (files and rows per view). A view that does not read (e.g. a corrupted Parquet file) raises
     CatalogError naming it and leaves the old catalog in place."""
-    import duckdb
-
     t0 = time.perf_counter()
     if not store.fs.isdir(""):
         raise CatalogError(f"no store at {store.root.resolve() if store.local else store.root}")
@@ -307,6 +298,7 @@ def build_catalog(store: FeatureStore) -> dict:
     target = root / CATALOG_FILE
     _check_not_locked(target)
     _remove_stale_temps(root)
+    store.migrate_private_labels()  # a store written before labels/ existed: its manifests still hold attr_*
     store.fs.write_parquet("storage.parquet", storage_table(store))
     version = current_version(store)
     dim = _feature_dim(store, version)
@@ -331,125 +323,7 @@ def build_catalog(store: FeatureStore) -> dict:
             "seconds": time.perf_counter() - t0}
 
 
-# ---------------------------------------------------------------- querying
-
-READ_ONLY_STATEMENTS = ("SELECT", "EXPLAIN")
-
-
-class ReadOnlyError(CatalogError):
-    pass
-
-
-def _view_sources(con, store: FeatureStore) -> list[str]:
-    """Every path or glob the catalog's views read, plus the files each glob matches now: all an analyst may open."""
-    root = store.fs.duck_url("")
-    sql = " ".join(r[0] for r in con.sql("SELECT sql FROM duckdb_views() WHERE NOT internal AND sql IS NOT NULL")
-                   .fetchall())
-    found = {lit.replace("''", "'") for lit in re.findall(r"'((?:[^']|'')*)'", sql)}
-    mine = sorted(u for u in found if u.startswith(root.rstrip("/") + "/"))
-    keys = [u[len(root.rstrip("/")) + 1:] for u in mine]
-    return mine + [store.fs.duck_url(k) for key in keys if "*" in key for k in store.fs.match(key)]
-
-
-def _lock_down(con, store: FeatureStore) -> None:
-    """No file access but the views' own Parquet files, and no way to turn that back on."""
-    allowed = _view_sources(con, store)
-    con.execute("SET allowed_paths = ?", [allowed])
-    con.sql("SET enable_external_access = false")
-    con.sql("SET lock_configuration = true")
-
-
-def _check_read_only(con, sql: str) -> None:
-    import duckdb
-
-    try:
-        kinds = [st.type.name for st in con.extract_statements(sql)]
-    except duckdb.Error:
-        return  # a syntax error: let the query itself report it
-    refused = [k for k in kinds if k not in READ_ONLY_STATEMENTS]
-    if refused:
-        raise ReadOnlyError(f"the catalog is read-only for analysts: only SELECT queries on its views run "
-                            f"(refused: {', '.join(refused)})")
-
-
-def _connect(store: FeatureStore, read_only: bool = True):
-    """A connection on the catalog; read_only: the analysts' locked-down connection (module doc)."""
-    import duckdb
-
-    p = catalog_path(store)
-    if not p.is_file():
-        raise CatalogError(f"no catalog at {p}: build it first (build_catalog / the `catalog` asset)")
-    # ATTACH into a fresh in-memory database rather than duckdb.connect(p): connect() shares one
-    # instance per path within a process, so while any old connection lives it would keep
-    # answering from the replaced (stale) catalog file.
-    con = duckdb.connect()
-    try:
-        store.fs.register_duckdb(con)  # object stores: the views read through the store's fsspec filesystem
-        con.sql(f"ATTACH {_lit(p)} AS catalog{' (READ_ONLY)' if read_only else ''}")
-        con.sql("USE catalog")
-        if read_only:
-            _lock_down(con, store)
-    except duckdb.Error as e:
-        con.close()
-        raise CatalogError(f"cannot open {p} (read_only={read_only}): {e}") from e
-    return con
-
-
-def query(store: FeatureStore, sql: str, read_only: bool = True, params: list | None = None) -> pa.Table:
-    """Run `sql` on the catalog; the result as an Arrow table (empty for statements without one)."""
-    import duckdb
-
-    con = _connect(store, read_only)
-    try:
-        if read_only:
-            _check_read_only(con, sql)
-        rel = con.sql(sql, params=params) if params else con.sql(sql)
-        return rel.to_arrow_table() if rel is not None else pa.table({})
-    except duckdb.PermissionException as e:
-        raise ReadOnlyError(f"the catalog is read-only for analysts: its views' files only, nothing written ({e})") from e
-    except duckdb.Error as e:  # e.g. a view over a file that was deleted or corrupted since the build
-        if read_only and "configuration has been locked" in str(e):
-            raise ReadOnlyError(f"the catalog is read-only for analysts: settings are locked ({e})") from e
-        raise CatalogError(f"query failed on {catalog_path(store)}: {e}") from e
-    finally:
-        con.close()
-
-
-def neighbors(store: FeatureStore, video_id: str, k: int = 10, reduce: str = "mean",
-              dataset: str | None = None) -> pa.Table:
-    """The k clips of the current anonymized table most cosine-similar to `video_id`'s mean (or
-    first) clip, excluding that video's own clips: video_id, clip_index, split, similarity, dataset."""
-    import duckdb
-
-    assert reduce in ("mean", "first"), f"reduce must be 'mean' or 'first', got {reduce!r}"
-    assert k >= 1, f"k must be >= 1, got {k}"
-    con = _connect(store)
-    try:
-        return _neighbors(con, store, video_id, k, reduce, dataset)
-    except duckdb.Error as e:
-        raise CatalogError(f"neighbors({video_id!r}) failed on {catalog_path(store)}: {e}") from e
-    finally:
-        con.close()
-
-
-def _neighbors(con, store: FeatureStore, video_id: str, k: int, reduce: str, dataset: str | None) -> pa.Table:
-    own = con.sql("SELECT dataset, clip_index, feature FROM anonymized_features WHERE video_id = ? "
-                  "AND (? IS NULL OR dataset = ?) ORDER BY dataset, clip_index",
-                  params=[video_id, dataset, dataset]).to_arrow_table()
-    if own.num_rows == 0:
-        raise CatalogError(f"video {video_id!r}{f' of dataset {dataset!r}' if dataset else ''} is not in the "
-                           f"current anonymized table (anonymized_features, AAM version {current_version(store)})")
-    found = sorted(set(own["dataset"].to_pylist()))
-    if len(found) > 1:
-        raise CatalogError(f"video {video_id!r} is in several datasets {found}: pass dataset=")
-    feats = np.asarray(own["feature"].to_pylist(), np.float32)  # (n_clips, D)
-    q = feats.mean(0) if reduce == "mean" else feats[0]
-    d = len(q)
-    return con.sql(f"SELECT video_id, clip_index, split, array_cosine_similarity(feature, ?::FLOAT[{d}]) "
-                   f"AS similarity, dataset FROM anonymized_features WHERE NOT (video_id = ? AND dataset = ?) "
-                   f"ORDER BY similarity DESC, dataset, video_id, clip_index LIMIT {int(k)}",
-                   params=[q.tolist(), video_id, found[0]]).to_arrow_table()
-
+# ---------------------------------------------------------------- what fills anonymized_features
 
 def empty_reason(store: FeatureStore) -> str | None:
     """Why anonymized_features has no rows and what would fill it; None when a version is current."""
@@ -467,62 +341,3 @@ def empty_reason(store: FeatureStore) -> str | None:
     done, total = len(published_shards(store, newest)), len(store.committed_shards())
     return (f"no AAM version is current yet: version {newest} is published on {done} of {total} shards and becomes "
             f"current once all are published and it passes the privacy budget: `splavu publish`.")
-
-
-# ---------------------------------------------------------------- formatting for the CLI
-
-def _cell(v, width: int) -> str:
-    if v is None:
-        s = ""
-    elif isinstance(v, float):
-        s = f"{v:.6g}"
-    elif isinstance(v, (datetime, date)):
-        s = v.isoformat()
-    elif isinstance(v, (list, tuple)):
-        s = "[" + ", ".join(_cell(x, width) for x in v[:4]) + (", ..." if len(v) > 4 else "") + "]"
-    else:
-        s = str(v)
-    s = s.replace("\n", " ")
-    return s if len(s) <= width else s[:width - 1] + "…"
-
-
-def _jsonable(v):
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    if isinstance(v, (datetime, date)):
-        return v.isoformat()
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _jsonable(x) for k, x in v.items()}
-    if isinstance(v, bytes):
-        return v.hex()
-    return v
-
-
-def format_table(table: pa.Table, fmt: str = "table", max_width: int = 40) -> str:
-    """'table': aligned text (numbers right-aligned, long cells cut); 'csv'; 'json': a list of objects."""
-    rows = table.to_pylist()
-    names = table.column_names
-    if fmt == "json":
-        return json.dumps([_jsonable(r) for r in rows], ensure_ascii=False)
-    if fmt == "csv":
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(names)
-        for r in rows:
-            w.writerow(["" if r[c] is None else json.dumps(_jsonable(r[c])) if isinstance(r[c], (list, dict))
-                        else _jsonable(r[c]) for c in names])
-        return buf.getvalue()
-    if fmt != "table":
-        raise ValueError(f"fmt must be 'table', 'csv' or 'json', got {fmt!r}")
-    cells = [[_cell(r[c], max_width) for c in names] for r in rows]
-    numeric = [pa.types.is_integer(f.type) or pa.types.is_floating(f.type) for f in table.schema]
-    widths = [max([len(n)] + [len(row[i]) for row in cells]) for i, n in enumerate(names)]
-
-    def line(vals):
-        return "  ".join(v.rjust(w) if num else v.ljust(w) for v, w, num in zip(vals, widths, numeric)).rstrip()
-
-    out = [line(names), line(["-" * w for w in widths])] + [line(row) for row in cells]
-    out.append(f"({len(rows)} row{'s' if len(rows) != 1 else ''})")
-    return "\n".join(out)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 REQUIRED = ("video_id", "path", "split")
 OPTIONAL = ("action", "segments", "anomaly", "anomaly_intervals", "subject_id", "group")
@@ -59,8 +60,6 @@ class Manifest:
 
 def _read_rows(path: Path) -> list[dict]:
     if path.suffix.lower() == ".parquet":
-        import pyarrow.parquet as pq
-
         return pq.read_table(path).to_pylist()
     if path.suffix.lower() in (".csv", ".tsv"):
         with open(path, newline="") as f:

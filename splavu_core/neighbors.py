@@ -1,23 +1,26 @@
-"""Nearest clips by cosine in an AAM version's anonymized table, at analyst speed (`splavu neighbors`).
+"""Nearest clips by cosine in an AAM version's anonymized table (`splavu neighbors`).
 
 A DuckDB `array_cosine_similarity` scan over the Parquet tables reads and converts every feature on
-every query (664 ms over 100k clips). Instead each version gets an index, written when it is
-published (`write_index`, called after publishing and by the feature_catalog asset), read-only after:
+every query. Instead each version's published rows are written once, when it is published
+(`write_index`, called after publishing and by the feature_catalog asset), read-only after:
 
     <catalog dir>/neighbors/<version>/      (the store root for a local store; catalog.catalog_dir)
         features.npy   (N, D) float32, rows L2-normalised: the version's PUBLISHED anonymized features only
-        id_hash.npy    (N,)   uint64 hash of each row's video_id (finding a video's rows)
+                       (D is whatever width the published rows have)
         norms.npy      (N,)   the rows' norms (the query is the mean of a video's un-normalised clips)
-        proj.npy       (N, R) the rows in the basis of their top-R singular vectors
-        resid.npy      (N,)   the norm of what that basis leaves out of each row
-        basis.npy      (D, R)
+        id_hash.npy    (N,)   uint64 hash of each row's video_id (finding a video's rows)
         ids.arrow      dataset, video_id, clip_index, split (Arrow IPC, memory-mapped)
+        ivf.faiss      only for tables of APPROX_MIN_ROWS rows or more (or when asked): the approximate index
         index.json     the shards (and their tables' sizes) it was built from; used only while they match
 
-The search is exact. With q = B b + q_r, a row's score is x·q = p·b + x_r·q_r and |x_r·q_r| <= |x_r| |q_r|,
-so ub = p·b + resid |q_r| bounds every score while scanning only the (N, R) projection. The rows with
-the highest bounds are scored exactly; the k-th best exact score t then rules out every row with
-ub < t, and the remaining rows are scored exactly too (benchmarks/neighbors.py measures it).
+Two searches (benchmarks/neighbors.py measures both, side by side):
+
+- exact (the default): the memory-mapped rows times the query, BLOCK rows at a time (one BLAS matrix-vector
+  product per block, so memory stays bounded at any N), the top k of each block kept by argpartition.
+- approximate: faiss IndexIVFScalarQuantizer (inner product, 8-bit codes: N x D bytes more on disk); the
+  `nprobe` nearest of its lists are scanned and their best RERANK candidates re-scored exactly from the
+  float32 rows, so only the choice of candidates is approximate. Its recall depends on the rows having
+  structure (clustered rows: 1.0 at nprobe 8; isotropic random rows: far lower; see the README).
 
 An index goes with its version: `prune_indexes` deletes the index of a version whose tables are gone
 (retention), and one whose shards changed is rebuilt, or bypassed (read from Parquet) until it is.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import time
@@ -37,14 +41,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .catalog import catalog_dir
+from .manifest import load_manifest
 from .publish import (_features, anonymized_key, current_version, published_shards, read_anonymized, read_versions,
                       refused_versions)
+from .registrations import registered
 from .registry import dataset_of
 from .store import FeatureStore, StoreError
 
-RANK = 16          # projection width: the only part scanned in full (N x 16 float32)
-FIRST_EXACT = 256  # rows scored exactly to set the pruning threshold
-ARRAYS = ("features", "norms", "proj", "resid", "basis", "id_hash")
+BLOCK = 1 << 18        # rows per matrix-vector product of the exact search (1 MB of scores a block)
+APPROX_MIN_ROWS = int(os.environ.get("SPLAVU_ANN_MIN_ROWS", 10_000_000))  # tables this large get an IVF index
+RERANK = 128           # candidates the approximate search re-scores exactly
+MODES = ("auto", "exact", "approximate")
 
 
 class NeighborsError(StoreError):
@@ -52,8 +60,6 @@ class NeighborsError(StoreError):
 
 
 def index_dir(store: FeatureStore, version: str) -> Path:
-    from .catalog import catalog_dir
-
     return catalog_dir(store) / "neighbors" / version
 
 
@@ -65,17 +71,11 @@ def _shard_files(store: FeatureStore, version: str) -> dict[str, int]:
 
 # ---------------------------------------------------------------- writing
 
-def _arrays(table: pa.Table, rank: int) -> dict[str, np.ndarray]:
+def _arrays(table: pa.Table) -> dict[str, np.ndarray]:
     feats = _features(table).astype(np.float32, copy=False)
     norms = np.linalg.norm(feats, axis=1).astype(np.float32)
-    unit = feats / np.maximum(norms, 1e-12)[:, None]
-    gram = unit.T @ unit  # uncentred: the basis captures the features' common direction too
-    _, vecs = np.linalg.eigh(gram.astype(np.float64))
-    basis = np.ascontiguousarray(vecs[:, ::-1][:, :min(rank, unit.shape[1])], np.float32)
-    proj = unit @ basis
-    resid = np.sqrt(np.maximum(1.0 - (proj.astype(np.float64) ** 2).sum(1), 0.0)).astype(np.float32)
-    return {"features": unit, "norms": norms, "proj": np.ascontiguousarray(proj), "resid": resid, "basis": basis,
-            "id_hash": _hashes(table["video_id"].to_pylist())}
+    unit = np.ascontiguousarray(feats / np.maximum(norms, 1e-12)[:, None], np.float32)
+    return {"features": unit, "norms": norms, "id_hash": _hashes(table["video_id"].to_pylist())}
 
 
 def _hashes(video_ids) -> np.ndarray:
@@ -86,6 +86,28 @@ def _hashes(video_ids) -> np.ndarray:
 def _ids(table: pa.Table) -> pa.Table:
     # one chunk: `take` on a many-chunk column first concatenates it (12 ms a call at 1M rows)
     return table.select(["dataset", "video_id", "clip_index", "split"]).combine_chunks()
+
+
+def default_lists(n: int) -> int:
+    """IVF lists: the power of two nearest sqrt(N) (1,024 at 1M rows), at least 1."""
+    return max(1, 2 ** round(math.log2(max(1.0, math.sqrt(n)))))
+
+
+def build_ivf(unit: np.ndarray, nlist: int | None = None, seed: int = 0):
+    """A faiss IVF index (inner product, 8-bit scalar quantizer) over L2-normalised rows; k-means on a fixed sample
+    of 64 rows per list."""
+    import faiss  # here: a 0.4 s import that only the approximate mode (tables past APPROX_MIN_ROWS) needs
+
+    n, d = unit.shape
+    nlist = min(nlist or default_lists(n), n)
+    index = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(d), d, nlist, faiss.ScalarQuantizer.QT_8bit,
+                                          faiss.METRIC_INNER_PRODUCT)
+    sample = unit if n <= 64 * nlist else unit[np.sort(np.random.default_rng(seed).choice(n, 64 * nlist, replace=False))]
+    index.cp.seed = seed
+    index.train(np.ascontiguousarray(sample, np.float32))
+    for s in range(0, n, BLOCK):
+        index.add(np.ascontiguousarray(unit[s:s + BLOCK], np.float32))
+    return index
 
 
 def _read_version(store: FeatureStore, version: str) -> tuple[pa.Table, dict[str, int]]:
@@ -100,20 +122,30 @@ def _read_version(store: FeatureStore, version: str) -> tuple[pa.Table, dict[str
     return pa.concat_tables(parts), rows
 
 
-def write_index(store: FeatureStore, version: str, rank: int = RANK) -> dict:
-    """(Re)write the neighbour index of `version` from its published tables; atomic (folder rename)."""
+def write_index(store: FeatureStore, version: str, approximate: bool | None = None, nlist: int | None = None) -> dict:
+    """(Re)write the neighbour index of `version` from its published tables; atomic (folder rename).
+    approximate: also write the faiss IVF index (None: when the table has APPROX_MIN_ROWS rows or more)."""
     t0 = time.perf_counter()
     table, rows = _read_version(store, version)
+    approximate = table.num_rows >= APPROX_MIN_ROWS if approximate is None else approximate
     final = index_dir(store, version)
     tmp = final.parent / f".tmp-{version}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
     try:
-        for name, arr in _arrays(table, rank).items():
+        arrays = _arrays(table)
+        for name, arr in arrays.items():
             np.save(tmp / f"{name}.npy", arr)
         ids = _ids(table)
         with pa.OSFile(str(tmp / "ids.arrow"), "wb") as f, pa.ipc.new_file(f, ids.schema) as w:
             w.write_table(ids, max_chunksize=max(1, ids.num_rows))
-        meta = {"version": version, "shards": rows, "rows": table.num_rows, "rank": rank,
+        ivf = None
+        if approximate:
+            import faiss  # see build_ivf
+
+            ivf = build_ivf(arrays["features"], nlist)
+            faiss.write_index(ivf, str(tmp / "ivf.faiss"))
+        meta = {"version": version, "shards": rows, "rows": table.num_rows, "dim": int(arrays["features"].shape[1]),
+                "ivf_lists": ivf.nlist if ivf is not None else None,
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         (tmp / "index.json").write_text(json.dumps(meta, indent=1) + "\n")
         if final.exists():  # open memory maps of the old files stay valid after the unlink
@@ -160,29 +192,53 @@ def _fresh(store: FeatureStore, version: str) -> bool:
 
 # ---------------------------------------------------------------- searching
 
+def exact_top_k(features: np.ndarray, q: np.ndarray, k: int, exclude: np.ndarray | None = None,
+                block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:
+    """The k rows of `features` with the highest dot product with q, `exclude` left out: (rows, scores), best
+    first, ties by row. `features` may be memory-mapped: it is read `block` rows at a time, and after the first
+    block only the rows scoring at least the k-th best so far are looked at again."""
+    excl = np.sort(np.asarray(exclude if exclude is not None else [], np.int64))
+    best_r, best_s = np.zeros(0, np.int64), np.zeros(0, np.float32)
+    for s in range(0, len(features), block):
+        sc = np.asarray(features[s:s + block]) @ q
+        sc[excl[(excl >= s) & (excl < s + len(sc))] - s] = -np.inf
+        sel = np.flatnonzero(sc >= best_s[-1]) if len(best_s) == k else np.flatnonzero(np.isfinite(sc))
+        if len(sel) > k:
+            sel = sel[np.argpartition(sc[sel], len(sel) - k)[len(sel) - k:]]
+        rows, scores = np.concatenate([best_r, sel + s]), np.concatenate([best_s, sc[sel]])
+        order = np.lexsort((rows, -scores))[:k]
+        best_r, best_s = rows[order], scores[order]
+    return best_r, best_s
+
+
 @dataclass
 class Index:
     version: str
-    features: np.ndarray
+    features: np.ndarray       # (N, D) float32, unit rows (memory-mapped when read from disk)
     norms: np.ndarray
-    proj: np.ndarray
-    resid: np.ndarray
-    basis: np.ndarray
     id_hash: np.ndarray
     ids: pa.Table
     from_index: bool           # False: built in memory from Parquet (no index written yet, or stale)
+    ivf: object = None         # faiss IVF index (approximate search), when the version has one
 
     @classmethod
     def open(cls, store: FeatureStore, version: str) -> "Index":
         d = index_dir(store, version)
         if _fresh(store, version):
-            # what every query scans is read into memory (~80 bytes a row); the features stay memory-mapped,
-            # only the rows scored exactly are touched
-            arrays = {n: np.load(d / f"{n}.npy", mmap_mode="r" if n == "features" else None) for n in ARRAYS}
-            ids = pa.ipc.open_file(pa.memory_map(str(d / "ids.arrow"))).read_all()
-            return cls(version=version, ids=ids, from_index=True, **arrays)
+            ivf = None
+            if (d / "ivf.faiss").is_file():
+                import faiss  # see build_ivf
+
+                ivf = faiss.read_index(str(d / "ivf.faiss"))
+            return cls(version=version, features=np.load(d / "features.npy", mmap_mode="r"),
+                       norms=np.load(d / "norms.npy"), id_hash=np.load(d / "id_hash.npy"),
+                       ids=pa.ipc.open_file(pa.memory_map(str(d / "ids.arrow"))).read_all(), from_index=True, ivf=ivf)
         table, _ = _read_version(store, version)
-        return cls(version=version, ids=_ids(table), from_index=False, **_arrays(table, RANK))
+        return cls(version=version, ids=_ids(table), from_index=False, **_arrays(table))
+
+    @property
+    def dim(self) -> int:
+        return int(self.features.shape[1])
 
     def rows_of(self, video_id: str, dataset: str | None) -> np.ndarray:
         rows = np.flatnonzero(self.id_hash == _hashes([video_id])[0])
@@ -192,29 +248,28 @@ class Index:
             keep = pc.and_(keep, pc.equal(ids["dataset"], dataset))
         return rows[keep.to_numpy(zero_copy_only=False)]
 
-    def search(self, q: np.ndarray, k: int, exclude: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Exact top-k rows by cosine with q, leaving out `exclude`; (rows, similarities), best first."""
-        n = len(self.norms)
+    def search(self, q: np.ndarray, k: int, exclude: np.ndarray, mode: str = "exact",
+               nprobe: int = 8) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k rows by cosine with q, leaving out `exclude`; (rows, similarities), best first.
+        mode "exact": every row scored; "approximate": the IVF index's candidates, re-scored exactly."""
         q = np.asarray(q, np.float32) / max(float(np.linalg.norm(q)), 1e-12)
-        b = q @ self.basis
-        q_r = float(np.sqrt(max(1.0 - float(b @ b), 0.0)))
-        ub = self.proj @ b
-        ub += q_r * self.resid
-        ub[exclude] = -np.inf
-        k = min(k, n - len(exclude))
-        if k <= 0:
-            return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        m = max(FIRST_EXACT, 4 * k)
-        first = np.argpartition(ub, n - m)[n - m:] if m < n else np.arange(n)
-        first = np.sort(first[np.isfinite(ub[first])])
-        exact = self.features[first] @ q
-        t = np.partition(exact, len(exact) - k)[len(exact) - k] - 1e-6  # float slack: never prune a tie
-        rest = np.flatnonzero(ub >= t)
-        cand = np.union1d(first, rest) if len(rest) < n // 2 else np.flatnonzero(np.isfinite(ub))
-        scores = self.features[cand] @ q if len(cand) < n // 2 else (self.features @ q)[cand]
-        self.last_scored = len(cand)  # rows scored exactly (the benchmark reports it)
-        top = np.argsort(-scores, kind="stable")[:k]
-        return cand[top], scores[top]
+        if mode == "exact":
+            return exact_top_k(self.features, q, k, exclude)
+        if self.ivf is None:
+            raise NeighborsError(f"AAM version {self.version} has no approximate index (tables of "
+                                 f"{APPROX_MIN_ROWS:,}+ rows get one; `splavu publish` writes it): search it exactly")
+        self.ivf.nprobe = int(nprobe)
+        want = max(RERANK, k) + len(exclude)  # the own clips come back too, and are dropped
+        _, cand = self.ivf.search(q[None, :], want)
+        cand = np.setdiff1d(cand[0][cand[0] >= 0], exclude)
+        return _rescore(self.features, cand, q, k)
+
+
+def _rescore(features: np.ndarray, cand: np.ndarray, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact scores of the candidate rows (sorted, so a memory map is read forward); top k, ties by row."""
+    scores = np.asarray(features[cand]) @ q if len(cand) else np.zeros(0, np.float32)
+    order = np.lexsort((cand, -scores))[:k]
+    return cand[order], scores[order]
 
 
 def refuse_if_refused(store: FeatureStore, version: str) -> None:
@@ -227,13 +282,17 @@ def refuse_if_refused(store: FeatureStore, version: str) -> None:
 
 
 def neighbors(store: FeatureStore, video_id: str, k: int = 10, reduce: str = "mean", dataset: str | None = None,
-              version: str | None = None, index: Index | None = None) -> pa.Table:
+              version: str | None = None, index: Index | None = None, mode: str = "auto", nprobe: int = 8) -> pa.Table:
     """The k clips of `version`'s anonymized table (default: the current one) most cosine-similar to the mean
-    (or first) clip of `video_id`, its own clips left out: video_id, clip_index, split, similarity, dataset."""
+    (or first) clip of `video_id`, its own clips left out: video_id, clip_index, split, similarity, dataset.
+    mode: "exact", "approximate" (the version's IVF index, `nprobe` lists), or "auto" (approximate when the
+    version has an IVF index, i.e. a table of APPROX_MIN_ROWS rows or more; else exact)."""
     if reduce not in ("mean", "first"):
         raise NeighborsError(f"reduce must be 'mean' or 'first', got {reduce!r}")
     if k < 1:
         raise NeighborsError(f"--k must be >= 1, got {k}")
+    if mode not in MODES:
+        raise NeighborsError(f"search mode must be one of {', '.join(MODES)}, got {mode!r}")
     if index is None or (version and version != index.version):
         version = version or current_version(store)
         if version is None:
@@ -253,7 +312,9 @@ def neighbors(store: FeatureStore, video_id: str, k: int = 10, reduce: str = "me
     own = own[np.argsort(index.ids["clip_index"].take(own).to_numpy())]
     feats = np.asarray(index.features[own], np.float32) * np.asarray(index.norms[own], np.float32)[:, None]
     q = feats.mean(0) if reduce == "mean" else feats[0]
-    rows, sims = index.search(q, k, own)
+    if mode == "auto":
+        mode = "approximate" if index.ivf is not None else "exact"
+    rows, sims = index.search(q, k, own, mode=mode, nprobe=nprobe)
     ids = index.ids.take(pa.array(rows, pa.int64()))
     return pa.table({"video_id": ids["video_id"], "clip_index": ids["clip_index"], "split": ids["split"],
                      "similarity": pa.array(sims.astype(np.float64)), "dataset": ids["dataset"]})
@@ -263,6 +324,7 @@ def neighbors(store: FeatureStore, video_id: str, k: int = 10, reduce: str = "me
 
 def _budget_reason(store: FeatureStore, version: str) -> str | None:
     """Why the privacy budget refused `version`, from its cached measurement (None: not measured / passed)."""
+    # inside the function: suite -> catalog -> publish -> neighbors is the circle the version ledger (issue 19) breaks
     from .evaluation.suite import DEFAULT_PRIVACY_BUDGET, PRIVACY_BUDGET_ENV, _safe, budget_verdict
 
     try:
@@ -275,8 +337,6 @@ def _budget_reason(store: FeatureStore, version: str) -> str | None:
 
 def version_status(store: FeatureStore) -> list[str]:
     """One phrase per recorded version: shards published, current or why not."""
-    from .registry import registered
-
     all_shards = {s for reg in registered(store).values() for s in reg["shards"]} | set(store.committed_shards())
     out = []
     for r in sorted(read_versions(store).to_pylist(), key=lambda r: r["created_at"], reverse=True):
@@ -302,9 +362,6 @@ def explain_no_current(store: FeatureStore) -> str:
 
 
 def explain_missing_video(store: FeatureStore, video_id: str, dataset: str | None, version: str) -> str:
-    from .manifest import load_manifest
-    from .registry import registered
-
     where = [name for name, reg in registered(store).items() if (dataset in (None, name)) and any(
         r["video_id"] == video_id for r in load_manifest(reg["manifest"], check_files=False).rows)]
     of = f" of dataset {dataset!r}" if dataset else ""

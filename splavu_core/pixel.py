@@ -156,7 +156,7 @@ class HogPeopleDetector(MaskSource):
 
     def __init__(self, detect_side: int = 576, min_score: float = 0.3, hold: int = 2, grow: float = 0.1):
         try:
-            import cv2
+            import cv2  # here: only the HOG masks need OpenCV
         except ImportError as e:
             raise PixelError("mask_source 'hog' needs OpenCV: pip install 'opencv-python-headless<5'") from e
         if not hasattr(cv2, "HOGDescriptor_getDefaultPeopleDetector"):

@@ -14,9 +14,9 @@ from pathlib import Path
 import pyarrow as pa
 
 from .manifest import Manifest, load_manifest
+from .registrations import _registration, registered, registration, registration_key  # noqa: F401  (re-exported)
 from .roles import RoleError, default_roles, gets_static_clips, missing_columns, parse_roles, roles_of
 from .store import FeatureStore, StoreError
-from .storefs import join
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9_]*$")
 DEFAULT_SHARD_SIZE = 256
@@ -27,21 +27,6 @@ def dataset_of(shard: str) -> str:
     if not name or not num.isdigit():
         raise StoreError(f"bad shard key {shard!r}: expected <dataset>-<nnn>")
     return name
-
-
-def registration_key(name: str) -> str:
-    return join("datasets", f"{name}.json")
-
-
-def registration_path(store: FeatureStore, name: str):
-    return store.loc(registration_key(name))
-
-
-def _registration(store: FeatureStore, name: str) -> dict | None:
-    try:
-        return store.fs.read_json(registration_key(name))
-    except FileNotFoundError:
-        return None
 
 
 def register_dataset(store: FeatureStore, name: str, manifest_path: str | os.PathLike,
@@ -68,18 +53,6 @@ def register_dataset(store: FeatureStore, name: str, manifest_path: str | os.Pat
                          f"choose another name for {reg['manifest']}")
     store.fs.put_atomic(registration_key(name), (json.dumps(reg, indent=1) + "\n").encode())
     return shards
-
-
-def registered(store: FeatureStore) -> dict[str, dict]:
-    return {key.rsplit("/", 1)[-1][:-len(".json")]: store.fs.read_json(key)
-            for key in sorted(store.fs.glob("datasets", ".json"))}
-
-
-def registration(store: FeatureStore, name: str) -> dict:
-    reg = _registration(store, name)
-    if reg is None:
-        raise StoreError(f"dataset {name!r} is not registered in {store.root} (run `splavu ingest`)")
-    return reg
 
 
 def static_clips(reg: dict) -> bool:

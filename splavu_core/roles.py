@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .manifest import load_manifest
+from .registrations import registered
 from .store import StoreError
 
 
@@ -96,8 +98,6 @@ def describe_registration(reg: dict) -> str:
     """One line: the roles a registered dataset serves and whether it gets static clips (or a hint)."""
     roles = roles_of(reg)
     if not roles:
-        from .manifest import load_manifest
-
         hint = suggested_roles(load_manifest(reg["manifest"], check_files=False).to_arrow().column_names)
         return (f"roles: none, so no task reads it; its columns could serve {', '.join(hint) or 'no role'}: "
                 f"re-run with --roles {','.join(hint) or 'ROLE'}")
@@ -127,8 +127,6 @@ def none_with(role: str) -> str:
 
 def task_datasets(store, overrides: dict[str, str] | None = None) -> dict[str, str]:
     """task -> dataset for every role: an explicit override, else the dataset registered with that role."""
-    from .registry import registered
-
     found = role_datasets(registered(store))
     overrides = {t: d for t, d in (overrides or {}).items() if d}
     out = {r: overrides.get(r) or found[r] or none_with(r) for r in ROLES}
@@ -146,11 +144,17 @@ class TrainingPlan:
     selection: str                         # "val_ar" or "last"
     missing: dict[str, str]                # task -> why it has no data
     available: dict[str, str]              # every training task with labelled data -> its dataset
+    requested: bool = False                # the tasks were chosen (--tasks), not every task with data
 
     def summary(self) -> str:
         used = ", ".join(f"{t} ({self.datasets[t]})" for t in self.tasks) or "no utility task"
         line = f"training on {used}"
-        if self.missing:
+        left = [t for t in TRAINING_ROLES if t not in self.tasks]
+        if self.requested:
+            if left:
+                chosen = ",".join(self.tasks) or "''"
+                line += f"; not on {', '.join(left)} (--tasks {chosen})"
+        elif self.missing:
             line += "; without " + ", ".join(self.missing) + " (no labelled data: " + \
                     "; ".join(self.missing.values()) + ")"
         return line + ("" if self.selection == "val_ar" else "; model selection: last epoch (no AR val videos)")
@@ -158,8 +162,6 @@ class TrainingPlan:
 
 def _labelled(reg: dict, task: str) -> str | None:
     """Why `task` cannot train on the dataset of `reg`, or None when its training videos carry the labels."""
-    from .manifest import load_manifest
-
     rows = load_manifest(reg["manifest"], check_files=False).rows
     train = [r for r in rows if r["split"] == "train"]
     if task == "ar":
@@ -172,16 +174,12 @@ def _labelled(reg: dict, task: str) -> str | None:
 
 
 def _has_val(reg: dict) -> bool:
-    from .manifest import load_manifest
-
     return any(r["split"] == "val" and r.get("action") for r in load_manifest(reg["manifest"], check_files=False).rows)
 
 
 def training_plan(store, tasks=None, overrides: dict[str, str] | None = None, selection: str = "") -> TrainingPlan:
     """The tasks training co-trains and the datasets it reads. tasks None: every training task whose labelled
     data is registered. A requested task without data raises RoleError saying how to add it or drop it."""
-    from .registry import registered
-
     regs = registered(store)
     found = role_datasets(regs)
     overrides = {t: d for t, d in (overrides or {}).items() if d}
@@ -222,4 +220,4 @@ def training_plan(store, tasks=None, overrides: dict[str, str] | None = None, se
             for t in TRAINING_ROLES}
     return TrainingPlan(tasks=chosen, datasets=used, selection=selection,
                         missing={t: missing[t] for t in TRAINING_ROLES if t in missing and t not in chosen},
-                        available=datasets)
+                        available=datasets, requested=tasks is not None)

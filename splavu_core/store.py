@@ -5,7 +5,9 @@ how each operation maps onto either. The layout is the same on both, except insi
 
     <root>/store.json                        encoder fingerprint + provenance (one encoder per store)
     <root>/datasets/<name>.json              registered dataset: manifest path, shard size
-    <root>/manifests/<shard>.parquet         the validated manifest rows of one shard
+    <root>/manifests/<shard>.parquet         the validated manifest rows of one shard, WITHOUT private labels
+    <root>/labels/<shard>.parquet            video_id + attr_* of one shard: private ground truth, read by the
+                                             evaluation through read_shard_manifest, never by the analysts' catalog
     <root>/latents/<shard>/                  RAW, sensitive
         _COMMIT.json   marker: provenance, manifest hash, counts (+ "data" on object stores)
         latents.zarr   clips (N, D), static (V, K, D), provenance in attributes
@@ -37,7 +39,6 @@ byte-identical file for file. Readers handle both (no "data" key: the shard fold
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -50,6 +51,7 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .storefs import StoreError, StoreFS, join, open_root
@@ -77,19 +79,28 @@ class ShardLatents:
     quarantine: pa.Table       # QUARANTINE_SCHEMA
 
 
-def table_hash(table: pa.Table) -> str:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()[:16]
-
-
 def write_parquet_atomic(table: pa.Table, path: Path) -> None:
     """A local Parquet file, replaced atomically (temp file + os.replace). Stores use store.fs.write_parquet."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.part")
     pq.write_table(table, tmp, compression="zstd")
     os.replace(tmp, path)
+
+
+PRIVATE_PREFIX = "attr_"  # private-attribute ground truth: evaluation only, never in an analyst-readable file
+
+
+def labels_key(shard: str) -> str:
+    return join("labels", f"{shard}.parquet")
+
+
+def split_private_labels(table: pa.Table) -> tuple[pa.Table, pa.Table | None]:
+    """(the table without attr_* columns, video_id + the attr_* columns or None when there are none)."""
+    private = [n for n in table.column_names if n.startswith(PRIVATE_PREFIX)]
+    if not private:
+        return table, None
+    public = table.drop_columns(private)
+    return public.replace_schema_metadata(table.schema.metadata), table.select(["video_id", *private])
 
 
 class FeatureStore:
@@ -141,13 +152,43 @@ class FeatureStore:
         return self.loc("manifests", f"{shard}.parquet")
 
     def read_shard_manifest(self, shard: str) -> pa.Table:
+        """The shard's manifest rows WITH their private attr_* labels (joined from labels/<shard>.parquet)."""
         key = join("manifests", f"{shard}.parquet")
         if not self.fs.isfile(key):
             raise StoreError(f"shard {shard!r} has no manifest at {self.loc(key)}: materialise video_manifest first")
-        return self.fs.read_parquet(key)
+        table = self.fs.read_parquet(key)
+        lkey = labels_key(shard)
+        if not self.fs.isfile(lkey):
+            return table  # no private labels, or a store written before they were split off
+        labels = self.fs.read_parquet(lkey)
+        at = pc.index_in(table["video_id"], value_set=labels["video_id"])
+        if at.null_count:
+            raise StoreError(f"{self.loc(lkey)} lacks rows of {at.null_count} video(s) of {self.loc(key)}: re-materialise "
+                             f"video_manifest for shard {shard!r}")
+        for name in labels.column_names[1:]:
+            table = table.append_column(labels.schema.field(name), labels[name].take(at))
+        return table
 
     def write_shard_manifest_table(self, shard: str, table: pa.Table) -> None:
-        self.fs.write_parquet(join("manifests", f"{shard}.parquet"), table)
+        """The manifest without attr_* (what the catalog's `videos` view reads) and the labels in labels/
+        (outside every path the analysts' connection may open). Labels first: a crash in between leaves the old
+        manifest, which the next write (or the catalog build's migration) splits again."""
+        public, labels = split_private_labels(table)
+        if labels is not None:
+            self.fs.write_parquet(labels_key(shard), labels)
+        elif self.fs.isfile(labels_key(shard)):
+            self.fs.delete(labels_key(shard))
+        self.fs.write_parquet(join("manifests", f"{shard}.parquet"), public)
+
+    def migrate_private_labels(self) -> list[str]:
+        """Split the attr_* columns out of manifests written before labels/ existed; returns the shards rewritten."""
+        done = []
+        for key in self.fs.match("manifests/*.parquet"):
+            if any(n.startswith(PRIVATE_PREFIX) for n in self.fs.parquet_schema(key).names):
+                shard = key.rsplit("/", 1)[-1][:-len(".parquet")]
+                self.write_shard_manifest_table(shard, self.fs.read_parquet(key))
+                done.append(shard)
+        return done
 
     # ---------------------------------------------------------------- raw latents
     def shard_dir(self, shard: str):
@@ -207,7 +248,7 @@ class FeatureStore:
         return self._commit_by_marker(shard, data, provenance, manifest_hash, marker)
 
     def _write_files(self, key: str, shard: str, data: ShardLatents, provenance: dict, manifest_hash: str) -> None:
-        import zarr
+        import zarr  # here: only latent arrays need it (the catalog and CLI do not)
 
         n, d = data.clips.shape
         group = zarr.open_group(self.fs.zarr_store(join(key, "latents.zarr")), mode="w", zarr_format=3)
@@ -291,7 +332,7 @@ class FeatureStore:
         raise StoreError(f"shard {shard!r} was replaced {READ_RETRIES} times while being read; try again")
 
     def _read_files(self, shard: str, key: str, with_static: bool) -> ShardLatents:
-        import zarr
+        import zarr  # here: only latent arrays need it (the catalog and CLI do not)
 
         group = zarr.open_group(self.fs.zarr_store(join(key, "latents.zarr"), read_only=True), mode="r")
         fp = group.attrs["provenance"]["encoder_fingerprint"]

@@ -39,6 +39,7 @@ What differs between the two, and why:
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -227,8 +228,6 @@ class LocalFS(StoreFS):
         return self.loc(rel).read_bytes()
 
     def match(self, pattern):
-        import glob
-
         root = str(self.root)
         return sorted(Path(p).relative_to(root).as_posix() for p in glob.glob(f"{root}/{_check_key(pattern)}"))
 
@@ -369,7 +368,7 @@ class ObjectFS(StoreFS):
     local = False
 
     def __init__(self, url: str, storage_options: dict):
-        import fsspec
+        import fsspec  # here: object-store roots only
 
         proto, _, rest = url.partition("://")
         if not rest.strip("/"):
@@ -492,7 +491,7 @@ class ObjectFS(StoreFS):
                 except FileNotFoundError:
                     return None
                 return data, hashlib.sha256(data).hexdigest()
-        from fsspec.asyn import sync
+        from fsspec.asyn import sync  # here: object-store roots only
 
         bucket, key = self._split(rel)
 
@@ -558,7 +557,7 @@ class ObjectFS(StoreFS):
     @property
     def arrow_fs(self):
         if self._arrow_fs is None:
-            from pyarrow.fs import FSSpecHandler, PyFileSystem
+            from pyarrow.fs import FSSpecHandler, PyFileSystem  # object-store roots only
 
             self._arrow_fs = PyFileSystem(FSSpecHandler(self.fs))
         return self._arrow_fs
@@ -567,7 +566,7 @@ class ObjectFS(StoreFS):
         return self._p(rel)
 
     def zarr_store(self, rel, read_only=False):
-        from zarr.storage import FsspecStore
+        from zarr.storage import FsspecStore  # here: object-store roots only
 
         return FsspecStore.from_url(self.loc(rel), storage_options=self.storage_options or None, read_only=read_only)
 

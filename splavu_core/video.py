@@ -28,7 +28,7 @@ def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: int, crf: int = 
 def write_video(path: str | os.PathLike, frames: np.ndarray, fps: int, codec: str, container: str,
                 options: dict | None = None) -> None:
     """Encode (T, H, W, 3) uint8 frames with any libav codec and container (e.g. "mpeg4" in "avi")."""
-    import av
+    import av  # here, not at the top: only reading/writing videos needs it
 
     T, H, W, _ = frames.shape
     assert frames.dtype == np.uint8 and H % 2 == 0 and W % 2 == 0, f"{path}: need uint8 frames of even size"
@@ -66,7 +66,7 @@ class DecordVideo:
             raise VideoError(f"{self.path}: no such file")
         if os.path.getsize(self.path) == 0:
             raise VideoError(f"{self.path}: empty file")
-        import decord
+        import decord  # here, not at the top: only reading/writing videos needs it
 
         try:
             self._vr = decord.VideoReader(self.path, ctx=decord.cpu(0), num_threads=num_threads)
@@ -98,8 +98,8 @@ _LIBAV_LOG = threading.Lock()  # libav's log level and "last error" are process-
 def libav_reason(path: str) -> str | None:
     """What libav itself says about a file it cannot open ("moov atom not found", ...): decord only says
     "Error reading <path>..." and prints the real reason on stderr. None if PyAV finds a video stream."""
-    import av
-    import av.logging
+    import av  # here, not at the top: only reading/writing videos needs it
+    import av.logging  # here, not at the top: only reading/writing videos needs it
 
     with _LIBAV_LOG:
         before = av.logging.get_level()

@@ -145,7 +145,10 @@ res = dg.materialize([aam_model], resources={"store": StoreResource(root=sys.arg
 md = res.asset_materializations_for_node("aam_model")[0].metadata
 print(json.dumps({"version": md["version"].value, "parameters": md["parameters"].value,
                   "pm_keys": sorted(k for k in md if k.startswith("pair_matching")),
-                  "pm": md["pair_matching"].value, "png": md["loss_curves"].value[:40],
+                  "pm": {k: v.value for k, v in md.items() if k.startswith("pair_matching_")},
+                  "pm_table": [r.data for r in md["pair_matching"].records], "path_type": type(md["path"]).__name__,
+                  "floats": sorted(k for k, v in md.items() if type(v).__name__ == "FloatMetadataValue"),
+                  "png": md["loss_curves"].value[:40],
                   "transformers_imported": "transformers" in sys.modules}))
 """
 
@@ -165,7 +168,10 @@ def test_asset_trains_from_cached_latents_only(tiny_store, tmp_path):
     # the label-free diagnostics: what a fresh critic still matches, before and after, beside the objective
     assert {"pair_matching_static_static_raw", "pair_matching_static_static_after", "pair_matching_static_action_raw",
             "pair_matching_static_action_after", "pair_matching_chance"} <= set(md["pm_keys"])
-    assert md["pm"]["raw"]["static_static"] > md["pm"]["raw"]["chance"]  # the tiny encoder's clips do match
+    assert md["pm"]["pair_matching_static_static_raw"] > md["pm"]["pair_matching_chance"]  # the tiny encoder's clips match
+    # the UI's truth: numbers as float metadata (charted across versions), tables as tables, paths as paths
+    assert {"ar_loss", "lc_loss", "pair_matching_static_static_after", "train_seconds"} <= set(md["floats"])
+    assert [r["pairs"] for r in md["pm_table"]] == ["static↔static", "static↔action"] and md["path_type"] == "PathMetadataValue"
     assert md["png"].startswith("![loss curves](data:image/png;base64,")
     d = copy / "aam" / md["version"]
     assert (d / "adapter.safetensors").is_file() and (d / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from pipeline.cli import main
+from splavu_core import analyst
 from splavu_core import catalog as cat
 from splavu_core import publish as pub
 from test_publish_catalog import make_adapter, publish, store  # noqa: F401  (store: a fixture)
@@ -53,7 +54,7 @@ def test_sql_refuses_everything_but_reading_the_views(catalog, capsys, name):
     assert leftover is None or not leftover.exists()
     assert {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()} == before  # nothing written
     with pytest.raises(cat.CatalogError, match="read-only"):  # the library entry point too
-        cat.query(catalog, sql)
+        analyst.query(catalog, sql)
 
 
 def test_views_still_read_on_the_locked_connection(catalog, capsys):
@@ -73,7 +74,7 @@ def test_a_refused_version_is_not_in_the_analyst_views(store, capsys):  # noqa: 
     v2 = publish(store, make_adapter(store, seed=2), ["ar-000", "ar-001", "tad-000"], make_current=False)
     pub.record_refusal(store, v2, "leakage removed 0.037 < budget 0.5")
     cat.build_catalog(store)
-    got = cat.query(store, "SELECT DISTINCT aam_version FROM anonymized_features_all")["aam_version"].to_pylist()
+    got = analyst.query(store, "SELECT DISTINCT aam_version FROM anonymized_features_all")["aam_version"].to_pylist()
     assert got == [v1]
     rc, _, err = cli(capsys, "--store", str(store.root), "sql",
                      f"SELECT count(*) FROM read_parquet('{store.root}/anonymized/{v2}/*.parquet')")
@@ -105,12 +106,12 @@ def test_object_store_connection_is_locked_down_too(tmp_path, monkeypatch):
     store = FeatureStore(f"memory://ro-{uuid.uuid4().hex[:8]}/store")
     store.write_shard("ar-000", generation(1), {"encoder_fingerprint": "fp"}, "h")
     cat.build_catalog(store)
-    assert cat.query(store, "SELECT count(*) AS n FROM clips")["n"][0].as_py() == generation(1).index.num_rows
+    assert analyst.query(store, "SELECT count(*) AS n FROM clips")["n"][0].as_py() == generation(1).index.num_rows
     chunks = [k for k, _ in store.fs.walk("latents") if "/latents.zarr/clips/c/" in k]
     for sql in (f"SELECT content FROM read_blob('{store.fs.duck_url(chunks[0])}')",
                 f"COPY (SELECT 1 AS x) TO '{store.fs.duck_url('manifests/x-999.parquet')}'"):
         with pytest.raises(cat.CatalogError, match="read-only"):
-            cat.query(store, sql)
+            analyst.query(store, sql)
     assert not store.fs.exists("manifests/x-999.parquet")
 
 
@@ -118,3 +119,27 @@ def test_missing_catalog_fix_names_the_store(tmp_path, capsys):
     (tmp_path / "s").mkdir()  # a store folder without a catalog (a missing folder is refused before, see walkthrough)
     rc, _, err = cli(capsys, "--store", str(tmp_path / "s"), "sql", "SELECT 1")
     assert rc == 2 and f"splavu --store {tmp_path / 's'} publish" in err
+
+
+def test_no_private_label_through_sql_from_any_parquet_file(catalog, capsys):
+    """Every Parquet file of the store (and the globs over them), read through `splavu sql`: refused, or without a
+    single attr_* column. The fixture's manifests were written with attr_skin (as before labels/ existed): building
+    the catalog split them off, and the evaluation still reads them through the library."""
+    root = catalog.root
+    files = sorted(p for p in root.rglob("*.parquet") if p.is_file())
+    assert any(p.parent.name == "labels" for p in files) and any(p.parent.name == "manifests" for p in files)
+    paths = [str(p) for p in files] + [f"{root}/manifests/*.parquet", f"{root}/labels/*.parquet", f"{root}/**/*.parquet"]
+    views = analyst.query(catalog, "SELECT view_name FROM duckdb_views() WHERE NOT internal")["view_name"].to_pylist()
+    assert "videos" in views
+    readable = []
+    for src in [f"read_parquet('{p}')" for p in paths] + views:
+        rc, out, err = cli(capsys, "--store", str(root), "sql", f"DESCRIBE SELECT * FROM {src}", "--format", "json")
+        if rc == 0:
+            readable.append(src)
+            names = [r["column_name"] for r in json.loads(out)]
+            assert names and not [n for n in names if n.startswith("attr_")], (src, names)
+        else:
+            assert "read-only" in err, (src, err)
+    assert any("manifests" in s for s in readable) and not any("labels" in s for s in readable)
+    # the evaluation's path: the library joins the labels back
+    assert catalog.read_shard_manifest("ar-000")["attr_skin"].to_pylist() == [0, 1, 0, 1]

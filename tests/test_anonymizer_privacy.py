@@ -78,7 +78,7 @@ def test_training_never_reads_private_attribute_labels(store_copy):
     fs = store_copy
     _, _, summary, v1 = _train(fs)
     changed = 0
-    for path in sorted((fs.root / "manifests").glob("*.parquet")):
+    for path in sorted((fs.root / "labels").glob("*.parquet")):  # attr_* live in labels/ (issue 20)
         t = pq.read_table(path)
         cols = [c for c in t.column_names if c.startswith("attr_")]
         for c in cols:  # flip every private label: a trainer that read any of them would train differently
@@ -91,7 +91,7 @@ def test_training_never_reads_private_attribute_labels(store_copy):
     assert v1 == v2, "the AAM version changed when only private-attribute labels changed"
     # the diagnostics ran and are in the summary
     d = summary["diagnostics"]
-    assert set(d["raw"]) == {"chance", "static_static", "static_action"} and len(d["during"]) == 2
+    assert set(d["raw"]) == {"chance", "group", "heldout", "static_static", "static_action"} and len(d["during"]) == 2
     assert summary["heldout_videos"] >= 6 and summary["erasure"]["rank"] == 4
 
 

@@ -39,3 +39,48 @@ def test_ingest_then_extract_in_one_command_without_dagster_home(tiny_bench, tin
     assert main(["--store", store, "ingest", "gait", str(root / "gait" / "manifest.csv")]) == 0
     assert main(["--store", store, "extract", "--dataset", "gait", "--checkpoint", str(tiny_videomae)]) == 0
     assert (tmp_path / "store" / "latents" / "gait-000" / "_COMMIT.json").is_file()
+
+
+def test_evaluate_says_each_skipped_task_once(tmp_path):
+    """The skipped tasks of a store with no gait/ad data, as evaluate_feature_set reports them for raw and splavu:
+    one line for every task without a dataset (it used to be one line per task and feature set)."""
+    from pipeline.cli import skip_lines
+    from splavu_core.evaluation.suite import TASKS, evaluate_feature_set
+    from splavu_core.roles import task_datasets
+    from splavu_core.store import FeatureStore
+
+    datasets = task_datasets(FeatureStore(tmp_path))  # nothing registered: every task lacks its dataset
+    raw = evaluate_feature_set({}, "raw", None, which=TASKS, datasets=datasets).skipped
+    anon = evaluate_feature_set({}, "splavu", "v1", which=TASKS, datasets=datasets).skipped
+    lines = skip_lines({**raw, **{f"splavu:{k}": v for k, v in anon.items()}})
+    assert lines == [f"skipped {', '.join(sorted(TASKS))}: no dataset is registered with those roles "
+                     f"(splavu ingest NAME MANIFEST --roles ROLE)"]
+    assert skip_lines({"gait": "dataset 'walks': one walk per subject", "splavu:gait": "dataset 'walks': one walk "
+                       "per subject"}) == ["skipped gait (raw, splavu): dataset 'walks': one walk per subject"]
+
+
+def test_pair_matching_line_names_its_chance_level():
+    """Chance is 1 / the group each top-1 is taken among, stated with the number of held-out videos (it used to
+    print a bare "chance 0.031" whatever the held-out set)."""
+    import numpy as np
+
+    from pipeline.cli import pair_matching_line
+    from splavu_core.aam.diagnostics import heldout_split, pair_matching_report
+
+    static = np.random.default_rng(0).standard_normal((90, 2, 8)).astype(np.float32)
+    fit, held = heldout_split(90)
+    raw = pair_matching_report(static, None, fit, held, steps=3)
+    from assets.aam import _diagnostic_metadata
+
+    md = {k: v.value for k, v in _diagnostic_metadata({"raw": raw, "selected": raw, "during": []}).items()}
+    line = pair_matching_line(md)
+    assert f"top-1 among 32 of {len(held)} held-out videos (chance 1/32 = 0.031): static↔static" in line
+
+
+def test_version_metrics_name_losses_as_losses():
+    from assets.aam import version_metrics
+
+    summary = {"selected_epoch": 3, "final": {"epoch": 3, "lc": 0.1, "ar": 1.2, "total": 2.0, "val_ar_top1": 0.6,
+                                              "pm_static_static": 0.2}}
+    assert version_metrics(summary) == {"selected_epoch": 3, "lc_loss": 0.1, "ar_loss": 1.2, "total_loss": 2.0,
+                                        "val_ar_top1": 0.6, "pm_static_static": 0.2}

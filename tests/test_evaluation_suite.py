@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from pipeline.runner import run_evaluation
 from splavu_core.catalog import METRICS_SCHEMA
 from splavu_core.evaluation import suite
 from splavu_core.evaluation.report import fmt_change, report_markdown
@@ -174,7 +175,7 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
     root, version = published
     fs = FeatureStore(root)
     monkeypatch.setenv(ev.UTILITY_RETENTION_ENV, "1e9")  # impossible: the warning must fire
-    res = ev.run_evaluation(StoreResource(root=str(root)), config=FAST_PROBES)
+    res = run_evaluation(StoreResource(root=str(root)), config=FAST_PROBES)
     assert res.success
 
     # metric rows: both feature sets, the catalog's schema, one file per (feature set, version)
@@ -256,7 +257,7 @@ def test_pixel_baselines_are_scored_and_costed_beside_splavu(published, run_base
         costs.record(fs, "splavu", "anonymize", f"{version}/{s}", 0.5)
     costs.record(fs, "splavu", "train", version, 2.0)
     run_baseline(fs.root, "down4")  # every evaluation dataset of the store
-    assert ev.run_evaluation(StoreResource(root=str(fs.root)), config=FAST_PROBES).success
+    assert run_evaluation(StoreResource(root=str(fs.root)), config=FAST_PROBES).success
 
     report = json.loads((fs.root / "reports" / "privacy_utility.json").read_text())
     assert [r["name"] for r in report["rows"]] == ["raw", "splavu", "pixel_down4"]
@@ -352,7 +353,8 @@ def _instance_with(fs):
 # ---------------------------------------------------------------- ablations
 
 def test_ablation_partitions_write_rows_and_report(tiny_store, tmp_path):
-    from pipeline.ablations import GROUPS, VARIANTS, run_ablations
+    from pipeline.ablations import GROUPS, VARIANTS
+    from pipeline.runner import run_ablations
 
     fs = _copy(tiny_store, tmp_path / "store")
     cfg = {"batch": 64, "pretrain_head_epochs": 2, "lr": 3e-3, **{k: v for k, v in SMALL_ADAPTER.items()},

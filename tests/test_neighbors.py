@@ -1,11 +1,13 @@
-"""The neighbour index (splavu_core.neighbors): exact against DuckDB's query, built from published features
-only, bypassed when stale, pruned with its version's tables; and the search's bound on harder data."""
+"""The neighbour index (splavu_core.neighbors): exact against DuckDB's query and against a brute-force reference,
+built from published features only, bypassed when stale, pruned with its version's tables; the approximate (faiss
+IVF) mode on the same rows."""
 import json
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
+from splavu_core import analyst
 from splavu_core import catalog as cat
 from splavu_core import neighbors as nn
 from splavu_core import publish as pub
@@ -20,7 +22,7 @@ def test_index_answers_what_duckdb_answers(store):
     index = nn.Index.open(store, version)
     assert index.from_index
     for vid, reduce, k in (("ar-000_v1", "mean", 5), ("tad-000_v0", "first", 100)):
-        want = cat.neighbors(store, vid, k=k, reduce=reduce)
+        want = analyst.neighbors(store, vid, k=k, reduce=reduce)
         got = nn.neighbors(store, vid, k=k, reduce=reduce, index=index)
         assert got["video_id"].to_pylist() == want["video_id"].to_pylist()
         assert got["clip_index"].to_pylist() == want["clip_index"].to_pylist()
@@ -80,19 +82,39 @@ def _error(store, video_id) -> str:
 
 
 @pytest.mark.parametrize("kind", ["clustered", "random"])
-def test_search_is_exact_where_the_bound_prunes_little(kind):
-    """Isotropic rows leave the rank-16 bound loose: the search must still return the exact top k."""
+def test_exact_search_equals_brute_force(kind):
+    """Blocks smaller than the table (the merge across blocks), excluded rows, and a k larger than what is left."""
     rng = np.random.default_rng(0)
-    n, d = 20_000, 64
+    n, d = 5_000, 24  # any width: it comes from the rows
     x = rng.standard_normal((n, d)).astype(np.float32)
     if kind == "clustered":
         x = x * 0.2 + rng.standard_normal((50, d)).astype(np.float32)[rng.integers(0, 50, n)]
-    t = pa.table({"feature": pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), d),
-                  "video_id": [str(i) for i in range(n)]})
-    index = nn.Index(version="v", ids=t.select(["video_id"]), from_index=True, **nn._arrays(t, nn.RANK))
-    for i in (0, 17, 4242):
-        rows, sims = index.search(x[i], 10, np.array([i]))
-        full = index.features @ (x[i] / np.linalg.norm(x[i]))
-        full[i] = -np.inf
-        assert rows.tolist() == np.argsort(-full, kind="stable")[:10].tolist()
-        np.testing.assert_allclose(sims, full[rows], atol=1e-6)
+    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+    for i, k, block in ((0, 10, 512), (17, 10, 999), (4242, 100, 1 << 18)):
+        exclude = np.array([i, i + 1, 3])
+        rows, sims = nn.exact_top_k(unit, unit[i], k, exclude, block=block)
+        full = unit @ unit[i]
+        full[exclude] = -np.inf
+        want = np.argsort(-full, kind="stable")[:k]
+        assert rows.tolist() == want.tolist()
+        np.testing.assert_allclose(sims, full[want], atol=1e-6)
+    rows, _ = nn.exact_top_k(unit[:5], unit[0], 10, np.array([0]), block=2)
+    assert sorted(rows.tolist()) == [1, 2, 3, 4]
+
+
+def test_approximate_mode_probing_every_list_is_exact(store):
+    version = publish(store, make_adapter(store), ["ar-000", "ar-001", "tad-000"])
+    built = nn.write_index(store, version, approximate=True, nlist=4)
+    assert built["ivf_lists"] == 4
+    index = nn.Index.open(store, version)
+    assert index.ivf is not None
+    exact = nn.neighbors(store, "ar-000_v1", k=5, index=index, mode="exact")
+    approx = nn.neighbors(store, "ar-000_v1", k=5, index=index, mode="approximate", nprobe=4)
+    auto = nn.neighbors(store, "ar-000_v1", k=5, index=index)  # auto: the IVF index, since there is one
+    for got in (approx, auto):
+        assert got.drop_columns(["similarity"]).to_pylist() == exact.drop_columns(["similarity"]).to_pylist()
+        np.testing.assert_allclose(got["similarity"].to_numpy(), exact["similarity"].to_numpy(), atol=1e-6)
+    small = nn.write_index(store, version)  # 30 rows: below APPROX_MIN_ROWS, so no IVF index
+    assert small["ivf_lists"] is None and nn.Index.open(store, version).ivf is None
+    with pytest.raises(nn.NeighborsError, match="no approximate index"):
+        nn.neighbors(store, "ar-000_v1", k=5, version=version, mode="approximate")

@@ -232,10 +232,11 @@ def test_a_shard_replaced_mid_read_is_never_seen_half_old_half_new(s3, monkeypat
     kept = {f"attempts/{a}" for a in writer.fs.listdir("latents/ar-000/attempts")}
     assert len(kept) == 2 and writer.committed("ar-000")["data"] in kept  # the current and the one it replaced
     assert (first in kept) == (replacements == 1)  # older generations are deleted by the next writer
+    from splavu_core import analyst
     from splavu_core import catalog as cat
 
     cat.build_catalog(writer)  # the clips view reads the committed attempt only, not every attempt on the bucket
-    assert cat.query(writer, "SELECT DISTINCT shard, start_s FROM clips").to_pylist() == \
+    assert analyst.query(writer, "SELECT DISTINCT shard, start_s FROM clips").to_pylist() == \
         [{"shard": "ar-000", "start_s": float(1 + replacements)}]
 
 
@@ -286,7 +287,7 @@ def test_killed_writer_leaves_nothing_visible_and_rerun_equals_a_clean_write(s3,
 def test_end_to_end_on_s3_matches_local_disk(s3, tiny_store, tiny_bench, tiny_videomae, monkeypatch, capsys):
     import dagster as dg
 
-    from pipeline.reanonymize import run_reanonymize
+    from pipeline.runner import run_reanonymize
     from pipeline.resources import EncoderResource, StoreResource
     from pipeline.runner import ingest, materialize_shard
     from splavu_core import catalog as cat

@@ -13,8 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from splavu_core import analyst
 from splavu_core import catalog as cat
 from splavu_core import publish as pub
+from splavu_core.tables import format_table
 from splavu_core.aam import AAMConfig, AnonymizingAdapter, save_adapter
 from splavu_core.store import QUARANTINE_SCHEMA, FeatureStore, ShardLatents
 
@@ -237,7 +239,7 @@ def test_corrupted_part_is_named_and_the_rest_stays_readable(store):
     assert pub.read_anonymized(store, v1).num_rows == 24
     with pytest.raises(cat.CatalogError, match="ar-001.parquet"):
         cat.build_catalog(store)
-    assert cat.query(store, "SELECT count(*) AS n FROM aam_versions")["n"][0].as_py() == 2  # the old catalog
+    assert analyst.query(store, "SELECT count(*) AS n FROM aam_versions")["n"][0].as_py() == 2  # the old catalog
     assert not pub.anonymize_shard(store, "ar-001", make_adapter(store, seed=2))["skipped"]  # re-publish repairs it
     cat.build_catalog(store)
 
@@ -245,7 +247,7 @@ def test_corrupted_part_is_named_and_the_rest_stays_readable(store):
 # ---------------------------------------------------------------- catalog
 
 def views(store):
-    return cat.query(store, "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal ORDER BY view_name").to_pylist()
+    return analyst.query(store, "SELECT view_name, sql FROM duckdb_views() WHERE NOT internal ORDER BY view_name").to_pylist()
 
 
 def test_catalog_build_idempotent_and_queries(store):
@@ -261,28 +263,28 @@ def test_catalog_build_idempotent_and_queries(store):
                             "aam_versions", "metrics", "runs", "storage"])
     q = ("SELECT dataset, shard, video_id, clip_index, array_cosine_similarity(feature, feature) AS s "
          "FROM anonymized_features ORDER BY shard, video_id, clip_index")
-    r1, v1 = cat.query(store, q), views(store)
+    r1, v1 = analyst.query(store, q), views(store)
     assert np.allclose(r1["s"].to_numpy(), 1.0, atol=1e-5) and set(r1["dataset"].to_pylist()) == {"ar", "tad"}
     cat.build_catalog(store)
-    assert views(store) == v1 and cat.query(store, q).equals(r1)
+    assert views(store) == v1 and analyst.query(store, q).equals(r1)
     # no tables (nothing copied), and raw latent arrays are never read
-    assert cat.query(store, "SELECT count(*) AS n FROM duckdb_tables()")["n"][0].as_py() == 0
+    assert analyst.query(store, "SELECT count(*) AS n FROM duckdb_tables()")["n"][0].as_py() == 0
     assert not any("latents.zarr" in r["sql"] for r in v1)
-    assert cat.query(store, "SELECT typeof(feature) AS t FROM anonymized_features LIMIT 1")["t"][0].as_py() == f"FLOAT[{D}]"
-    assert cat.query(store, "SELECT metric, value FROM metrics").num_rows == 0
-    assert cat.query(store, "SELECT run_id, job, status, started_at, finished_at FROM runs").num_rows == 0
-    kinds = set(cat.query(store, "SELECT DISTINCT kind FROM storage")["kind"].to_pylist())
+    assert analyst.query(store, "SELECT typeof(feature) AS t FROM anonymized_features LIMIT 1")["t"][0].as_py() == f"FLOAT[{D}]"
+    assert analyst.query(store, "SELECT metric, value FROM metrics").num_rows == 0
+    assert analyst.query(store, "SELECT run_id, job, status, started_at, finished_at FROM runs").num_rows == 0
+    kinds = set(analyst.query(store, "SELECT DISTINCT kind FROM storage")["kind"].to_pylist())
     assert {"raw_latents", "raw_index", "anonymized", "manifests", "aam"} <= kinds
-    vids = cat.query(store, 'SELECT dataset, "group" FROM videos WHERE video_id = \'tad-000_v1\'').to_pylist()
+    vids = analyst.query(store, 'SELECT dataset, "group" FROM videos WHERE video_id = \'tad-000_v1\'').to_pylist()
     assert vids == [{"dataset": "tad", "group": "b"}]
     # private-attribute ground truth (attr_*) is for evaluation only: not in the analysts' view
-    columns = cat.query(store, "SELECT * FROM videos LIMIT 0").column_names
+    columns = analyst.query(store, "SELECT * FROM videos LIMIT 0").column_names
     assert "group" in columns and not [c for c in columns if c.startswith("attr_")]
     (store.root / "metrics").mkdir()
     pq.write_table(pa.table({"feature_set": ["raw"], "aam_version": [None], "task": ["ar"], "metric": ["top1"],
                              "value": [0.9], "split": ["test"]}), store.root / "metrics" / "x.parquet")
     cat.build_catalog(store)
-    assert cat.query(store, "SELECT value FROM metrics")["value"].to_pylist() == [0.9]
+    assert analyst.query(store, "SELECT value FROM metrics")["value"].to_pylist() == [0.9]
 
 
 def test_catalog_rebuild_with_readers_and_writers(store):
@@ -312,7 +314,7 @@ def test_catalog_rebuild_with_readers_and_writers(store):
         assert path.read_bytes() == before and not list(store.root.glob(".catalog.*"))
     finally:
         writer.communicate("go\n", timeout=60)
-    assert cat.query(store, "SELECT count(*) AS n FROM clips")["n"][0].as_py() == 12 * 2 + 6
+    assert analyst.query(store, "SELECT count(*) AS n FROM clips")["n"][0].as_py() == 12 * 2 + 6
     # in this process too: a connection held open on the old file must not make query() read stale views
     import duckdb
 
@@ -321,7 +323,7 @@ def test_catalog_rebuild_with_readers_and_writers(store):
         (store.root / "runs").mkdir()
         pq.write_table(pa.table({"run_id": ["r1"], "job": ["publish"], "status": ["SUCCESS"]}), store.root / "runs" / "r1.parquet")
         cat.build_catalog(store)
-        assert cat.query(store, "SELECT run_id FROM runs")["run_id"].to_pylist() == ["r1"]
+        assert analyst.query(store, "SELECT run_id FROM runs")["run_id"].to_pylist() == ["r1"]
     finally:
         held.close()
 
@@ -329,23 +331,23 @@ def test_catalog_rebuild_with_readers_and_writers(store):
 def test_neighbors(store):
     publish(store, make_adapter(store), ["ar-000", "ar-001", "tad-000"])
     cat.build_catalog(store)
-    nb = cat.neighbors(store, "ar-000_v1", k=5)
+    nb = analyst.neighbors(store, "ar-000_v1", k=5)
     assert nb.num_rows == 5 and nb.column_names[:4] == ["video_id", "clip_index", "split", "similarity"]
     sims = nb["similarity"].to_numpy()
     assert (np.diff(sims) <= 0).all() and "ar-000_v1" not in nb["video_id"].to_pylist()
-    first = cat.neighbors(store, "ar-000_v1", k=100, reduce="first")
+    first = analyst.neighbors(store, "ar-000_v1", k=100, reduce="first")
     assert first.num_rows == 27  # 30 clips minus the video's own 3
     with pytest.raises(cat.CatalogError, match="'nope' is not in the current anonymized table"):
-        cat.neighbors(store, "nope")
+        analyst.neighbors(store, "nope")
 
 
 def test_format_table():
     t = pa.table({"name": ["a", "bbbb"], "n": [1, 22], "x": [0.5, None], "f": [[1.0, 2.0, 3.0, 4.0, 5.0], [1.0]]})
-    text = cat.format_table(t).splitlines()
+    text = format_table(t).splitlines()
     assert text[0].split() == ["name", "n", "x", "f"] and text[-1] == "(2 rows)"
     assert text[2].startswith("a     ") and "[1, 2, 3, 4, ...]" in text[2]
-    assert cat.format_table(t, "csv").splitlines()[1] == 'a,1,0.5,"[1.0, 2.0, 3.0, 4.0, 5.0]"'
-    assert json.loads(cat.format_table(t, "json"))[1] == {"name": "bbbb", "n": 22, "x": None, "f": [1.0]}
+    assert format_table(t, "csv").splitlines()[1] == 'a,1,0.5,"[1.0, 2.0, 3.0, 4.0, 5.0]"'
+    assert json.loads(format_table(t, "json"))[1] == {"name": "bbbb", "n": 22, "x": None, "f": [1.0]}
 
 
 def test_publish_and_catalog_never_import_the_encoder():

@@ -23,9 +23,11 @@ from assets.catalog import feature_catalog
 from pipeline.cli import main
 from pipeline.reanonymize import (anonymize_new_shards, build_reanonymize_schedule, reanonymize_job,
                                   reanonymize_on_new_aam, reanonymize_schedule, refresh_catalog_job,
-                                  refresh_catalog_sensor, run_reanonymize)
+                                  refresh_catalog_sensor)
 from pipeline.resources import StoreResource
+from pipeline.runner import run_reanonymize
 from splavu_core import publish as pub
+from splavu_core import analyst
 from splavu_core import catalog as cat
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,10 +40,10 @@ def refuse(*a, **k):
 
 
 def train_aam(inst, store, **over) -> str:
-    from assets.aam import aam_model
+    """The `train_aam` job, as `splavu train` runs it."""
+    from pipeline import runner
 
-    res = dg.materialize([aam_model], instance=inst, resources={"store": store},
-                         run_config={"ops": {"aam_model": {"config": {**AAM, **over}}}})
+    res = runner.train_aam(inst, store, {**AAM, **over})
     return res.asset_materializations_for_node("aam_model")[0].metadata["version"].value
 
 
@@ -137,6 +139,20 @@ def test_every_shard_published_from_cached_latents_only(env):
     assert env.first["catalog"]["aam_version"] == env.v1
 
 
+def test_publish_says_what_it_did(env):
+    """First publish: the version became current in this run; again: nothing new, and current since before
+    (it used to print "published N clips ... (already current)" for a publish that wrote nothing). Runs right
+    after the env's first publish, before other tests add versions and shards."""
+    from pipeline.cli import publish_summary
+
+    first = publish_summary(env.first)
+    assert f"with AAM {env.v1}" in first and f"AAM {env.v1} is now current (was None)" in first
+    again = publish_summary(run_reanonymize(env.inst, env.store, version=env.v1, catalog=False))
+    n = len(env.first["shards"])
+    assert again == (f"nothing new to publish: all {n} shard(s) already have AAM {env.v1}'s tables; "
+                     f"AAM {env.v1} was already current before this publish")
+
+
 def test_rerun_skips_a_published_shard(env):
     shard = registered_shards(env.fs)[0]
     path = pub.anonymized_path(env.fs, env.v1, shard)
@@ -157,7 +173,7 @@ def test_catalog_asset_is_idempotent_and_records_runs(env):
     same = lambda r: {k: v for k, v in r.items() if k not in ("runs", "storage")}  # noqa: E731
     assert same(a["rows"]) == same(b["rows"])
     assert b["rows"]["runs"] == a["rows"]["runs"] + 1  # the second build's own run
-    runs = cat.query(env.fs, "SELECT run_id, job, status, finished_at FROM runs").to_pylist()
+    runs = analyst.query(env.fs, "SELECT run_id, job, status, finished_at FROM runs").to_pylist()
     by_id = {r["run_id"]: r for r in runs}
     assert by_id[res.run_id]["status"] == "STARTED"  # its own run, as of its build
     done = [r for r in runs if r["status"] == "SUCCESS"]
@@ -177,7 +193,7 @@ def test_cli_sql_and_neighbors(env, capsys):
                      "--format", "csv")
     assert rc == 0 and out.splitlines()[0] == "video_id,dataset" and len(out.splitlines()) == 3
 
-    vid, ds = cat.query(env.fs, "SELECT video_id, dataset FROM anonymized_features WHERE dataset = 'ar' "
+    vid, ds = analyst.query(env.fs, "SELECT video_id, dataset FROM anonymized_features WHERE dataset = 'ar' "
                                 "ORDER BY video_id LIMIT 1").to_pylist()[0].values()
     rc, out, _ = cli(capsys, "--store", root, "neighbors", vid, "--dataset", ds, "--k", "3", "--format", "json")
     rows = json.loads(out)
@@ -185,6 +201,11 @@ def test_cli_sql_and_neighbors(env, capsys):
     assert rows[0]["similarity"] >= rows[-1]["similarity"]
     rc, out, _ = cli(capsys, "--store", root, "neighbors", vid, "--dataset", ds, "--k", "2")
     assert rc == 0 and out.splitlines()[0].split() == ["video_id", "clip_index", "split", "similarity", "dataset"]
+    rc, out, _ = cli(capsys, "--store", root, "neighbors", vid, "--dataset", ds, "--k", "3", "--format", "json",
+                     "--search", "exact")
+    assert rc == 0 and json.loads(out) == rows  # auto is exact for a table without an IVF index
+    rc, _, err = cli(capsys, "--store", root, "neighbors", vid, "--dataset", ds, "--search", "approximate")
+    assert rc == 2 and "no approximate index" in err
 
     # read-only, and clear errors with exit code 2
     rc, _, err = cli(capsys, "--store", root, "sql", "CREATE TABLE t AS SELECT 1")
@@ -240,7 +261,7 @@ def test_catalog_sensor_waits_for_reanonymize_runs_then_rebuilds_once(env):
     env.inst.delete_run(busy.run_id)
     res = dg.materialize([feature_catalog], instance=env.inst, resources={"store": env.store})
     assert res.asset_materializations_for_node("feature_catalog")[0].metadata["aam_version"].value == env.v2
-    assert cat.query(env.fs, "SELECT DISTINCT aam_version FROM anonymized_features").to_pylist() == [
+    assert analyst.query(env.fs, "SELECT DISTINCT aam_version FROM anonymized_features").to_pylist() == [
         {"aam_version": env.v2}]
 
 
@@ -338,7 +359,7 @@ def test_missing_or_foreign_aam_is_a_clear_error_and_tables_stay_readable(env, t
     shutil.rmtree(fs.root / "aam" / foreign)
     assert _snapshot(fs) == before  # nothing published, nothing removed
     assert pub.read_anonymized(fs).num_rows > 0
-    assert cat.query(fs, "SELECT count(*) AS n FROM anonymized_features").to_pylist()[0]["n"] > 0
+    assert analyst.query(fs, "SELECT count(*) AS n FROM anonymized_features").to_pylist()[0]["n"] > 0
 
     fresh = env.tmp.mktemp("noaam") / "store"  # a store that never had an AAM
     shutil.copytree(tiny_store, fresh)
@@ -353,7 +374,7 @@ import splavu_core.encoders.vfm as vfm
 def refuse(*a, **k):
     raise AssertionError("the encoder must never be loaded")
 vfm.load_encoder = refuse
-from pipeline.reanonymize import run_reanonymize
+from pipeline.runner import run_reanonymize
 from pipeline.resources import StoreResource
 out = run_reanonymize(dg.DagsterInstance.ephemeral(), StoreResource(root=sys.argv[1]), shard_keys=[sys.argv[2]])
 print(json.dumps({"skipped": out["shards"][sys.argv[2]]["skipped"], "views": out["catalog"]["views"],
@@ -393,4 +414,35 @@ def test_a_version_failing_the_budget_stays_out(env, monkeypatch):
     assert last and "not made current" in last[-1]["promotion"]
     assert "budget 1.01" in pub.refused_versions(env.fs)[v]["why"]  # recorded for the analysts' notice
     cat.build_catalog(env.fs)  # and the refused table stays out of the analysts' catalog
-    assert v not in cat.query(env.fs, "SELECT DISTINCT aam_version FROM anonymized_features_all")["aam_version"].to_pylist()
+    assert v not in analyst.query(env.fs, "SELECT DISTINCT aam_version FROM anonymized_features_all")["aam_version"].to_pylist()
+
+
+def test_cli_store_option_after_the_subcommand(env, capsys):
+    """The README: every command takes --store; after the subcommand too (it used to be refused there)."""
+    rc, out, err = cli(capsys, "sql", "--store", str(env.root), "SELECT count(*) AS n FROM videos", "--format", "json")
+    assert rc == 0 and json.loads(out)[0]["n"] > 0, err
+    rc, _, err = cli(capsys, "--store", str(env.tmp.mktemp("elsewhere")), "sql", "--store", str(env.root), "SELECT 1")
+    assert rc == 0, err  # the one after the subcommand wins
+
+
+def test_cli_runs_are_the_code_locations_named_jobs(env):
+    """What `splavu train` / `publish` start shows in the instance's run records (and so in the UI) under the job's
+    name with its asset selection, never as __ephemeral_asset_job__ with an empty selection."""
+    runs = [r for r in env.inst.get_runs() if r.tags.get("splavu/entry") == "cli"]
+    by_job: dict[str, set] = {}
+    for r in runs:
+        by_job.setdefault(r.job_name, set()).update(k.to_user_string() for k in r.asset_selection or ())
+    assert by_job["train_aam"] == {"aam_model"}
+    assert by_job["reanonymize"] == {"anonymized_features"} and by_job["refresh_catalog"] == {"feature_catalog"}
+    assert "__ephemeral_asset_job__" not in by_job
+    shard_runs = [r for r in runs if r.job_name == "reanonymize"]
+    assert {r.tags["dagster/partition"] for r in shard_runs} >= set(env.first["shards"])
+
+
+def test_sensors_that_write_to_the_store_start_stopped():
+    """`dagster dev` must not launch runs that write to the store until someone turns a sensor on."""
+    from pipeline.definitions import defs
+
+    assert {s.name: s.default_status for s in defs.sensors} == {
+        name: dg.DefaultSensorStatus.STOPPED
+        for name in ("inbox_sensor", "reanonymize_on_new_aam", "anonymize_new_shards", "refresh_catalog_sensor")}

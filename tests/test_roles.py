@@ -46,6 +46,8 @@ def test_training_plan_uses_what_the_data_supports(tiny_bench, tmp_path):
     register_dataset(store, "long", bench / "tad" / "manifest.csv", roles="tad")
     assert training_plan(store).tasks == ("ar", "tad")
     assert training_plan(store, ["tad"]).datasets == {"ar": "clips", "tad": "long", "ad": None}  # ar: val selection
+    # tasks left out by --tasks are the user's choice, not a lack of data (it used to say "no labelled data")
+    assert training_plan(store, "ar").summary() == "training on ar (clips); not on tad, ad (--tasks ar)"
 
 
 def test_training_without_ar_selects_the_last_epoch(tiny_bench, tmp_path):

@@ -99,11 +99,12 @@ def heldout_split(n_videos: int, fraction: float = 0.2, seed: int = 0, minimum: 
 def pair_matching_report(static: np.ndarray, actions: Sequence[np.ndarray] | None, fit_idx: np.ndarray,
                          held_idx: np.ndarray, transform=None, seed: int = 0, steps: int = 300,
                          group: int = 32) -> dict[str, float]:
-    """{kind: accuracy} for both pair kinds (static_action only when action clips are given), plus chance.
+    """{kind: accuracy} for both pair kinds (static_action only when action clips are given), plus chance
+    (1 / group), group (videos each top-1 is taken among) and heldout (held-out videos the groups are drawn from).
 
     The critic trains on (transformed) fit videos and is scored on held-out videos."""
     group = min(group, len(held_idx))
-    out = {"chance": 1.0 / group}
+    out = {"chance": 1.0 / group, "group": group, "heldout": len(held_idx)}
     for kind in KINDS:
         if kind == "static_action" and actions is None:
             continue

@@ -351,7 +351,7 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
         if epoch in diag_epochs:
             d = _diagnose(adapter, data, fit_idx, held_idx, cfg.seed, cfg.diagnose_steps)
             diag["during"].append({"epoch": epoch, **d})
-            entry.update({f"pm_{k}": v for k, v in d.items() if k != "chance"})
+            entry.update({f"pm_{k}": v for k, v in d.items() if k not in ("chance", "group", "heldout")})
         history.append(entry)
         score = val if (cfg.selection == "val_ar" and val is not None) else epoch
         if score >= best[0]:

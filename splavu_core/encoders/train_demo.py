@@ -36,7 +36,7 @@ SEED_BASE = 10_000  # benchmark datasets use keys (seed, code < 100, ...): disjo
 
 
 def encoder_config():
-    from transformers import VideoMAEConfig
+    from transformers import VideoMAEConfig  # transformers: seconds to import
 
     return VideoMAEConfig(image_size=SIZE, patch_size=16, num_frames=CLIP_LEN, tubelet_size=4, hidden_size=192,
                           num_hidden_layers=4, num_attention_heads=3, intermediate_size=768,
@@ -92,7 +92,7 @@ class Pool:
 class Pretrainer(nn.Module):
     def __init__(self, init: str | None = None):
         super().__init__()
-        from transformers import VideoMAEModel
+        from transformers import VideoMAEModel  # transformers: seconds to import
 
         self.encoder = (VideoMAEModel.from_pretrained(init, attn_implementation="sdpa") if init
                         else VideoMAEModel(encoder_config()))

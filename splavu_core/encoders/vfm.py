@@ -101,8 +101,8 @@ def _config_json(cfg) -> str:
 
 def load_encoder(source: str | os.PathLike = DEMO_CHECKPOINT, device: str = "auto", threads: int | None = None) -> FrozenEncoder:
     """Load a VideoMAE or V-JEPA 2 checkpoint: a `save_pretrained` directory or (online) a hub id."""
-    from transformers import AutoConfig
-    from transformers.utils import logging as hf_logging
+    from transformers import AutoConfig  # here: seconds to import, only loading an encoder needs it
+    from transformers.utils import logging as hf_logging  # transformers: seconds to import
 
     hf_logging.disable_progress_bar()  # one bar per shard drowns the CLI's own progress
     if threads:
@@ -116,11 +116,11 @@ def load_encoder(source: str | os.PathLike = DEMO_CHECKPOINT, device: str = "aut
         raise EncoderError(f"cannot load encoder from {source!r} ({where}): {str(e).splitlines()[0]}") from None
     family = cfg.model_type
     if family == "videomae":
-        from transformers import VideoMAEModel as cls
+        from transformers import VideoMAEModel as cls  # transformers: seconds to import
 
         num_frames, image_size = cfg.num_frames, cfg.image_size
     elif family == "vjepa2":
-        from transformers import VJEPA2Model as cls
+        from transformers import VJEPA2Model as cls  # transformers: seconds to import
 
         num_frames, image_size = cfg.frames_per_clip, cfg.crop_size
     else:

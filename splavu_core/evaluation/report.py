@@ -27,10 +27,6 @@ COLUMNS = (  # (report key, header); the privacy columns first, as in the paper
 LEAKAGE_KEYS = ("leakage_removed", "clip_leakage_removed")
 
 
-def reports_dir(store: FeatureStore):
-    return store.loc("reports")
-
-
 def _write_atomic(store: FeatureStore, name: str, data: bytes):
     store.fs.put_atomic(f"reports/{name}", data)
     return store.loc("reports", name)

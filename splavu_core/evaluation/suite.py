@@ -281,11 +281,6 @@ def metrics_key(feature_set: str, aam_version: str | None) -> str:
     return f"metrics/{_safe(feature_set)}-{_safe(aam_version or RAW)}.parquet"
 
 
-def metrics_path(store: FeatureStore, feature_set: str, aam_version: str | None):
-    return store.loc(metrics_key(feature_set, aam_version))
-
-
-
 def metrics_table(rows: Sequence[dict]) -> pa.Table:
     return pa.Table.from_pylist([{k: r[k] for k in METRICS_SCHEMA.names} for r in rows], schema=METRICS_SCHEMA)
 

@@ -6,6 +6,7 @@ same whatever the number of workers.
 """
 from __future__ import annotations
 
+import csv
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -263,8 +264,6 @@ def generate(out: str | os.PathLike, scale: str = "demo", seed: int = 0, workers
 
     Existing videos are kept (same benchmark and seed, same bytes); only what is missing is rendered. A
     folder stamped with another benchmark, scale or seed is refused rather than mixed."""
-    import csv
-
     out = Path(out)
     plans = plan(scale, seed, benchmark)
     want = {"benchmark": benchmark, "scale": scale, "seed": seed}
