@@ -102,7 +102,7 @@ def cmd_extract(args) -> int:
     return 0
 
 
-DEMO_AAM: dict = {}  # AAMTrainingConfig defaults (README: how they were chosen)
+DEMO_AAM: dict = {}  # the defaults: splavu_core.aam.model.DEFAULT_ADAPTER (README: how they were chosen)
 
 
 def _train_aam(store, config: dict) -> str:
@@ -134,6 +134,12 @@ def cmd_train(args) -> int:
         raise StoreError(f"--config is not JSON ({e}): e.g. '{{\"epochs\": 30}}'") from e
     if args.tasks is not None:
         cfg["tasks"] = list(parse_roles(args.tasks))
+    from assets.aam import check_training_config
+
+    try:
+        check_training_config(cfg)
+    except ValueError as e:
+        raise StoreError(f"--config: {e}") from None
     store = StoreResource(root=_store_root(args))
     print(_training_preflight(store.store(), cfg), flush=True)
     _train_aam(store, cfg)
