@@ -178,4 +178,22 @@ def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, stor
         **({"loss_curves": dg.MetadataValue.md(f"![loss curves](data:image/png;base64,{base64.b64encode(png).decode()})")}
            if png else {}),
         **({"published_width": summary["keep"]["k"]} if summary.get("keep") else {}),
+        **_keep_family_metadata(fs),
     })
+
+
+def _keep_family_metadata(fs) -> dict:
+    """The keep family's curve and operating point on validation (benchmarks/keep_sweep.py), when measured."""
+    try:
+        family = fs.fs.read_json("reports/keep_family.json")
+    except FileNotFoundError:
+        return {}
+    md = {"keep_family_chosen_k": family["chosen_k"] or 0,
+          "keep_family": dg.MetadataValue.json({k: family[k] for k in ("split", "seeds", "budget", "chosen_k")})}
+    try:
+        png = fs.fs.read_bytes("reports/keep_family.png")
+        md["keep_family_curve"] = dg.MetadataValue.md(
+            f"![keep family](data:image/png;base64,{base64.b64encode(png).decode()})")
+    except FileNotFoundError:
+        pass
+    return md

@@ -1,6 +1,7 @@
 """The keep family's privacy–utility curve and its operating point, on validation splits (prints JSON lines).
 
     python benchmarks/keep_sweep.py --store store --k 8 14 24 32 --seeds 0 1 [--mark VERSION ...] [--split val]
+    python benchmarks/keep_sweep.py --store store --k 14 --split test --seeds 0 1 2 --seen ar tad ad ar,tad ar,ad tad,ad ar,tad,ad
 
 Each k is fitted exactly as `aam_model` fits the keep stage (TrainConfig's keep_* defaults, utility labels only),
 the store's evaluation sets are projected in memory and scored with the evaluation suite's probes (fresh
@@ -127,6 +128,9 @@ def main():
     ap.add_argument("--budget", type=float, default=0.6)
     ap.add_argument("--mark", nargs="*", default=[], help="published AAM versions to score on the same view")
     ap.add_argument("--tasks", nargs="+", default=list(KEYS))
+    ap.add_argument("--seen", nargs="*", default=[],
+                    help="task ablation: fit on each of these task sets (e.g. ar tad ar,tad) instead of all, at each k; "
+                         "writes reports/keep_tasks_seen.json")
     args = ap.parse_args()
     fs = FeatureStore(args.store)
     data = load_training_data(fs)
@@ -138,12 +142,20 @@ def main():
     print(json.dumps({"name": "raw", **summarise(raw, raw), "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
     rows = []
     for k in args.k:
-        t0 = time.perf_counter()
-        fit = fit_utility_keep(data, cfg.tasks, k, cfg.keep_w_motion, cfg.keep_w_app, cfg.keep_tad_phases)
-        kept = {d: [dataclasses.replace(v, feats=apply_keep(fit, v.feats)) for v in vs] for d, vs in sets.items()}
-        rows.append({"name": f"keep k={k}", "k": k, **summarise(raw, [scores(kept, args.tasks, s) for s in args.seeds]),
-                     "seconds": round(time.perf_counter() - t0, 1)})
-        print(json.dumps(rows[-1]), flush=True)
+        for seen in args.seen or [",".join(cfg.tasks)]:
+            t0 = time.perf_counter()
+            tasks = tuple(t for t in seen.split(",") if t)
+            fit = fit_utility_keep(data, tasks, k, cfg.keep_w_motion, cfg.keep_w_app, cfg.keep_tad_phases)
+            kept = {d: [dataclasses.replace(v, feats=apply_keep(fit, v.feats)) for v in vs] for d, vs in sets.items()}
+            rows.append({"name": f"keep k={k}" + (f" seen {seen}" if args.seen else ""), "k": k, "seen": list(tasks),
+                         **summarise(raw, [scores(kept, args.tasks, s) for s in args.seeds]),
+                         "seconds": round(time.perf_counter() - t0, 1)})
+            print(json.dumps(rows[-1]), flush=True)
+    if args.seen:  # the task ablation: no operating point, its own file
+        (fs.root / "reports").mkdir(exist_ok=True)
+        (fs.root / "reports" / "keep_tasks_seen.json").write_text(json.dumps(
+            {"split": args.split, "seeds": args.seeds, "rows": rows}, indent=1))
+        return
     marks = []
     for version in args.mark:
         anon = {d: view(vs) for d, vs in load_feature_sets(fs, args.tasks, "anonymized", version).items()}

@@ -3,7 +3,6 @@ import shutil
 
 import dagster as dg
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -11,7 +10,7 @@ from splavu_core.aam.keep import apply_keep, fit_keep
 from splavu_core.features import VideoFeatures
 from splavu_core.store import FeatureStore
 
-from test_anonymizer_privacy import toy_videos
+from test_anonymizer_privacy import flip_private_labels, toy_videos
 
 KEEP = dict(epochs=2, batch=64, pretrain_head_epochs=1, tasks=("ar",), adapter={"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0},
             diagnose_points=1, diagnose_steps=30)
@@ -50,19 +49,6 @@ def test_motion_directions_fill_the_space_no_task_asked_for():
     assert np.cov(kept_static.mean(1), rowvar=False).trace() < 0.2 * np.cov(z, rowvar=False).trace()
 
 
-def _flip_private_labels(root) -> int:
-    changed = 0
-    for path in sorted((root / "manifests").glob("*.parquet")):
-        t = pq.read_table(path)
-        cols = [c for c in t.column_names if c.startswith("attr_")]
-        for c in cols:  # flip every private label: a trainer that read any of them would train differently
-            flipped = pa.array([None if x is None else 1 - x for x in t.column(c).to_pylist()], t.schema.field(c).type)
-            t = t.set_column(t.schema.get_field_index(c), c, flipped)
-        changed += bool(cols)
-        pq.write_table(t, path)
-    return changed
-
-
 @pytest.mark.parametrize("adapter", [{"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0},
                                      {"keep": 4, "layers": 1, "mixer": "mlp", "hidden": 16, "erase_rank": 4}])
 def test_keep_training_never_reads_private_attribute_labels(tiny_store, tmp_path, adapter):
@@ -79,7 +65,7 @@ def test_keep_training_never_reads_private_attribute_labels(tiny_store, tmp_path
         return adapter_version(a, acfg, fs.encoder_fingerprint())
 
     before = version()
-    assert _flip_private_labels(root) >= 2, "the training datasets must carry attr_* labels for this to mean anything"
+    assert flip_private_labels(root) >= 2, "the training datasets must carry attr_* labels for this to mean anything"
     assert version() == before, "the keep adapter changed when only private-attribute labels changed"
 
 
