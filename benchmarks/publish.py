@@ -259,8 +259,8 @@ def run(args, root: Path) -> dict:
     agg = cat.query(store, agg_sql)
     assert sum(agg["clips"].to_pylist()) == n_meta
     rng = np.random.default_rng(args.seed + 2)
-    qvec = rng.standard_normal(args.dim).astype(np.float32).tolist()
-    cos_sql = (f"SELECT video_id, clip_index, array_cosine_similarity(feature, ?::FLOAT[{args.dim}]) AS similarity "
+    qvec = rng.standard_normal(width).astype(np.float32).tolist()  # the published width (k for a keep adapter)
+    cos_sql = (f"SELECT video_id, clip_index, array_cosine_similarity(feature, ?::FLOAT[{width}]) AS similarity "
                f"FROM anonymized_features ORDER BY similarity DESC LIMIT 10")
     assert cat.query(store, cos_sql, params=[qvec]).num_rows == 10
     probe_video = "v0"
