@@ -9,9 +9,11 @@ publish only the k directions that carry the most *utility* per unit of everythi
                                              tad: segment class and phase (start .. end; tad_phases)
                                                   of each TAD training clip, or background
                                              ad: anomalous interval vs normal clip (video label if no intervals)
-           + w_motion * S_motion / tr        within-video scatter of moving clips: appearance is constant within a
-                                             video, motion is not (the generic signal for tasks never seen)
-    S_rest = total scatter of the training clips / tr  +  w_app * S_app / tr  +  ridge * I / D
+           + w_motion * S_motion / tr(S_total)  within-video scatter of moving clips: appearance is constant
+                                             within a video, motion is not (the generic signal for tasks never
+                                             seen); in units of the total variance, so its ratio is at most its
+                                             within-video share and it fills the space after the tasks' directions
+    S_rest = S_total / tr(S_total)  +  w_app * S_app / tr  +  ridge * I / D     (S_total: the training clips' covariance)
              S_app: between-video scatter of the static clips' means (who and where, nothing temporal)
 
 The published feature is z = Q^T (x - mu), Q an orthonormal basis of the span of the top-k generalised
@@ -103,11 +105,12 @@ def fit_keep(task_videos: dict[str, Sequence[VideoFeatures]], static: np.ndarray
         x, y = task_clips(task, vs, tad_phases)
         if len(np.unique(y)) > 1:
             s_util += _normalised(between_class_scatter(x, y))
+    total = np.cov(clips, rowvar=False)
     multi = [v.feats.astype(np.float64) for v in videos if len(v.feats) >= 2]
-    if w_motion > 0 and multi:
-        dev = np.concatenate([f - f.mean(0) for f in multi])
-        s_util += w_motion * _normalised(dev.T @ dev)
-    s_rest = _normalised(np.cov(clips, rowvar=False))
+    if w_motion > 0 and multi:  # in units of the total variance: a direction's ratio is its within-video share (<= 1),
+        dev = np.concatenate([f - f.mean(0) for f in multi])  # so motion fills the space after the tasks' directions
+        s_util += w_motion * (dev.T @ dev / len(dev)) / np.trace(total)
+    s_rest = total / np.trace(total)
     if w_app > 0 and static.ndim == 3 and len(static) > 1:
         s_rest += w_app * _normalised(np.cov(static.astype(np.float64).mean(1), rowvar=False))
     s_rest += ridge * np.eye(D) / D
