@@ -2,73 +2,89 @@
 
 import base64
 import dataclasses
+import inspect
 import io
 import json
+import re
 
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, ValidationError, create_model
 
 from pipeline.resources import StoreResource
 from splavu_core import costs
 from splavu_core.aam.io import adapter_version, save_adapter
-from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
+from splavu_core.aam.model import DEFAULT_ADAPTER, AAMConfig
+from splavu_core.aam.train import TASKS, TrainConfig, load_training_data, train_aam
 from splavu_core.publish import record_version
 from splavu_core.roles import training_plan
 
 
-class AAMTrainingConfig(dg.Config):
-    """SPLAVU objective weights and optimisation; defaults from DESIGN.md scaled to the demo."""
+def _field_notes(cls) -> dict[str, str]:
+    """name -> the comment beside the field in the dataclass's source: one place for each field's help."""
+    src = inspect.getsource(cls)
+    return {m[1]: m[2].strip() for m in re.finditer(r"^\s+(\w+): [^=\n]+=[^#\n]*#\s*(.+)$", src, re.M)}
 
-    tasks: list[str] | None = Field(default=None, description="utility tasks co-trained (any subset of ar, tad, "
-                                    "ad); default: every task whose labelled data is registered")
-    ar_dataset: str = Field(default="", description="default: the dataset registered with role ar (roles.py)")
-    tad_dataset: str = ""
-    ad_dataset: str = ""
-    w_lc: float = 1.0          # LC is variance-normalised; the paper's 100 was tied to its feature scale
-    w_ar: float = 1.0
-    w_tad: float = 1.0
-    w_ad: float = 1.0
-    w_b: float = 1.0
-    temperature: float = 0.1
-    lr: float = 1e-3
-    epochs: int = 30
-    batch: int = 128
-    layers: int = 2
-    heads: int = 8
-    sub_tokens: int = 8
-    token_width: int = 64
-    mixer: str = Field(default="mlp", description="residual blocks: 'attention' (sub-token) or 'mlp' (per clip)")
-    hidden: int = 256
-    erase_fraction: float = Field(default=0.5, description="fitted label-free erasure of round(fraction x D) "
-                                  "appearance directions before the residual blocks (0 = none)")
-    erase_rank: int | None = Field(default=None, description="exact erasure rank (overrides erase_fraction)")
-    seed: int = 0
-    selection: str = Field(default="", description="val_ar or last; default: val_ar when AR has val videos")
-    privacy: str = Field(default="critic", description="'critic' (learned critic) or 'ntxent' (the paper's objective)")
-    pairs: str = Field(default="both", description="static_static | static_action | both")
-    critic_steps: int = 2
-    critic_hidden: int = 256
-    erase_w_action: float = 1.0
-    erase_w_temporal: float = 0.0
-    heldout_fraction: float = 0.2
-    diagnose_steps: int = Field(default=300, description="steps of each fresh diagnostic critic (pair matching)")
 
+_TYPES = {"float": float, "int": int, "str": str, "bool": bool}
+# training fields the Dagster config states differently: chosen per store by roles.training_plan, or internal
+_PLANNED = {"tasks", "selection", "adapter", "oracle"}
+
+
+def _config_fields() -> dict:
+    """Every TrainConfig field (same name, type, default) and every AAMConfig field (optional: unset = the
+    AAMConfig default, or derived, as erase_rank from erase_fraction): the library's dataclasses are the one
+    definition of training; this only states it for Dagster."""
+    out = {"tasks": (list[str] | None, Field(default=None, description="utility tasks co-trained (any subset of "
+                     "ar, tad, ad); default: every task whose labelled data is registered")),
+           "selection": (str, Field(default="", description="val_ar or last; default: val_ar when AR has val videos")),
+           **{f"{t}_dataset": (str, Field(default="", description=f"default: the dataset registered with role {t}"))
+              for t in TASKS}}
+    notes = _field_notes(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        if f.name not in _PLANNED:
+            out[f.name] = (_TYPES[f.type], Field(default=f.default, description=notes.get(f.name)))
+    notes = _field_notes(AAMConfig)
+    for f in dataclasses.fields(AAMConfig):
+        if f.name not in ("dim", "oracle"):
+            unset = DEFAULT_ADAPTER.get(f.name, getattr(AAMConfig, f.name, "derived"))
+            out[f.name] = (_TYPES[f.type] | None, Field(default=None, description=(
+                f"adapter: {notes.get(f.name, '')} (unset: {unset!r})")))
+    return out
+
+
+class _TrainingConfigMethods:
     def train_datasets(self) -> dict[str, str]:
-        return {"ar": self.ar_dataset, "tad": self.tad_dataset, "ad": self.ad_dataset}
+        return {t: getattr(self, f"{t}_dataset") for t in TASKS}
 
     def train_config(self) -> TrainConfig:
-        return TrainConfig(tasks=tuple(self.tasks or ()), w_lc=self.w_lc, w_ar=self.w_ar, w_tad=self.w_tad, w_ad=self.w_ad,
-                           w_b=self.w_b, temperature=self.temperature, lr=self.lr, epochs=self.epochs,
-                           batch=self.batch, seed=self.seed, selection=self.selection or "val_ar", privacy=self.privacy,
-                           pairs=self.pairs, critic_steps=self.critic_steps, critic_hidden=self.critic_hidden,
-                           erase_w_action=self.erase_w_action, erase_w_temporal=self.erase_w_temporal,
-                           heldout_fraction=self.heldout_fraction, diagnose_steps=self.diagnose_steps,
-                           erase_fraction=self.erase_fraction, adapter=self.adapter_fields())
+        """The library's TrainConfig (tasks / selection as configured; roles.training_plan fills them in)."""
+        kw = {f.name: getattr(self, f.name) for f in dataclasses.fields(TrainConfig) if f.name not in _PLANNED}
+        return TrainConfig(tasks=tuple(self.tasks or ()), selection=self.selection or "val_ar",
+                           adapter=self.adapter_fields(), **kw)
 
     def adapter_fields(self) -> dict:
-        out = {"layers": self.layers, "heads": self.heads, "sub_tokens": self.sub_tokens,
-               "token_width": self.token_width, "mixer": self.mixer, "hidden": self.hidden}
-        return out if self.erase_rank is None else {**out, "erase_rank": self.erase_rank}
+        """The default adapter (model.DEFAULT_ADAPTER) with the fields this config sets."""
+        return {**DEFAULT_ADAPTER, **{f.name: getattr(self, f.name) for f in dataclasses.fields(AAMConfig)
+                                      if f.name not in ("dim", "oracle") and getattr(self, f.name) is not None}}
+
+
+AAMTrainingConfig = create_model(
+    "AAMTrainingConfig", __base__=(dg.Config, _TrainingConfigMethods), __module__=__name__,
+    __doc__="How aam_model trains: splavu_core.aam.train.TrainConfig's fields and the adapter's "
+            "(splavu_core.aam.model.AAMConfig), with their defaults; plus which datasets serve which task.",
+    **_config_fields())
+
+
+def check_training_config(cfg: dict) -> None:
+    """One line for a misspelt or mistyped field (the CLI checks before a run starts)."""
+    unknown = sorted(set(cfg) - set(AAMTrainingConfig.model_fields))
+    if unknown:
+        raise ValueError(f"unknown training field(s) {unknown}; valid: {', '.join(AAMTrainingConfig.model_fields)}")
+    try:
+        AAMTrainingConfig(**cfg).train_config()
+    except (ValidationError, TypeError, ValueError) as e:
+        first = e.errors()[0] if isinstance(e, ValidationError) else None
+        raise ValueError(f"training field {first['loc'][0]!r}: {first['msg']}" if first else str(e)) from None
 
 
 def loss_curve_png(history: list[dict], diagnostics: dict | None = None, selected_epoch: int | None = None) -> bytes:
@@ -173,8 +189,10 @@ def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, stor
     save_adapter(adapter, acfg, final, fingerprint, extra={k: v for k, v in summary.items() if k != "history"},
                  storage_options=getattr(fs.fs, "storage_options", None))
     fs.fs.put_atomic(f"aam/{version}/history.json", (json.dumps(summary["history"]) + "\n").encode())
-    png = loss_curve_png(summary["history"], summary.get("diagnostics"), summary["selected_epoch"])
-    fs.fs.put_atomic(f"aam/{version}/loss_curves.png", png)
+    png = None
+    if summary["history"]:  # a closed-form adapter (keep, no trained block) has no epochs to plot
+        png = loss_curve_png(summary["history"], summary.get("diagnostics"), summary["selected_epoch"])
+        fs.fs.put_atomic(f"aam/{version}/loss_curves.png", png)
     record_version(fs, version, {"encoder_fingerprint": fingerprint, "config": acfg.to_dict()},
                    version_metrics(summary), make_current=False)  # becomes current once its tables are published
     costs.record(fs, "splavu", "train", version, summary["seconds"])
@@ -187,7 +205,27 @@ def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, stor
         "final_losses": float_table({k: v for k, v in metrics.items() if k.endswith("_loss")}, "term", "loss"),
         "path": dg.MetadataValue.path(str(final)),
         **_diagnostic_metadata(summary.get("diagnostics")),
-        "loss_curves_path": dg.MetadataValue.path(str(fs.loc("aam", version, "loss_curves.png"))),
         # the one way to show an image in the UI is markdown; the PNG itself is at loss_curves_path
-        "loss_curves": dg.MetadataValue.md(f"![loss curves](data:image/png;base64,{base64.b64encode(png).decode()})"),
+        **({"loss_curves_path": dg.MetadataValue.path(str(fs.loc("aam", version, "loss_curves.png"))),
+            "loss_curves": dg.MetadataValue.md(f"![loss curves](data:image/png;base64,{base64.b64encode(png).decode()})")}
+           if png else {}),
+        **({"published_width": summary["keep"]["k"]} if summary.get("keep") else {}),
+        **_keep_family_metadata(fs),
     })
+
+
+def _keep_family_metadata(fs) -> dict:
+    """The keep family's curve and operating point on validation (benchmarks/keep_sweep.py), when measured."""
+    try:
+        family = fs.fs.read_json("reports/keep_family.json")
+    except FileNotFoundError:
+        return {}
+    md = {"keep_family_chosen_k": family["chosen_k"] or 0,
+          "keep_family": dg.MetadataValue.json({k: family[k] for k in ("split", "seeds", "budget", "chosen_k")})}
+    try:
+        png = fs.fs.read_bytes("reports/keep_family.png")
+        md["keep_family_curve"] = dg.MetadataValue.md(
+            f"![keep family](data:image/png;base64,{base64.b64encode(png).decode()})")
+    except FileNotFoundError:
+        pass
+    return md

@@ -45,6 +45,7 @@ from splavu_core import analyst  # noqa: E402
 from splavu_core import catalog as cat  # noqa: E402
 from splavu_core import publish as pub  # noqa: E402
 from splavu_core.aam import AAMConfig, AnonymizingAdapter, load_adapter, save_adapter  # noqa: E402
+from splavu_core.aam.model import PREVIOUS_DEFAULT_ADAPTER  # noqa: E402
 from splavu_core.store import (CLIP_INDEX_SCHEMA, QUARANTINE_SCHEMA, STATIC_INDEX_SCHEMA, FeatureStore,  # noqa: E402
                                ShardLatents, write_parquet_atomic)
 
@@ -95,6 +96,8 @@ def adapter_config(dim: int, kind: str) -> AAMConfig:
     c = AAMTrainingConfig()
     fields = c.adapter_fields()
     fields.setdefault("erase_rank", int(round(c.erase_fraction * dim)))
+    if kind == "previous":
+        fields = {**PREVIOUS_DEFAULT_ADAPTER, "erase_rank": dim // 2}
     return AAMConfig(dim=dim, **fields)
 
 
@@ -108,6 +111,8 @@ def make_adapter(store: FeatureStore, dim: int, seed: int, fingerprint: str = FP
                 p.normal_(0, 0.05)
         if adapter.erase is not None:
             adapter.erase.read.normal_(0, 0.05), adapter.erase.write.normal_(0, 0.05)
+        if adapter.keep is not None:  # a random orthonormal k-dim basis
+            adapter.keep.proj.copy_(torch.linalg.qr(torch.randn(dim, cfg.keep))[0])
     tmp = store.root / "aam" / "tmp-bench"
     version = save_adapter(adapter, cfg, tmp, fingerprint)
     final = store.root / "aam" / version
@@ -115,10 +120,11 @@ def make_adapter(store: FeatureStore, dim: int, seed: int, fingerprint: str = FP
     return final
 
 
-def parquet_only(store: FeatureStore, out: Path) -> int:
-    """The publish path minus the adapter and the guards: same read, same table, same write."""
+def parquet_only(store: FeatureStore, out: Path, width: int) -> int:
+    """The publish path minus the adapter and the guards: same read, same table (the published width: the first
+    `width` raw columns stand in for a keep adapter's k), same write."""
     data = store.read_shard(SHARD, with_static=False)
-    clips = np.ascontiguousarray(data.clips, np.float32)
+    clips = np.ascontiguousarray(data.clips[:, :width], np.float32)
     table = pub._anonymized_table(data.index.select(list(pub.INDEX_COLUMNS)), clips, "parquet-only", FP)
     assert table.schema == pub.anonymized_schema(clips.shape[1])
     write_parquet_atomic(table, out)
@@ -187,8 +193,9 @@ def main(argv=None):
     ap.add_argument("--query-runs", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--adapter", default="default", choices=["default", "attention"],
-                    help="default: the adapter aam_model trains by default; attention: the sub-token attention adapter")
+    ap.add_argument("--adapter", default="default", choices=["default", "previous", "attention"],
+                    help="default: the adapter aam_model trains by default (keep k); previous: the erasure + 2 MLP "
+                         "blocks default before it; attention: the sub-token attention adapter")
     ap.add_argument("--work", help="folder for the synthetic store (default: a new temp folder, removed at the end)")
     ap.add_argument("--keep", action="store_true", help="keep the synthetic store")
     args = ap.parse_args(argv)
@@ -212,6 +219,7 @@ def run(args, root: Path) -> dict:
     store = build_store(root, args.clips, args.dim, args.seed)
     adapter_dir = make_adapter(store, args.dim, args.seed, kind=args.adapter)
     version = json.loads((adapter_dir / "adapter.json").read_text())["version"]
+    width = adapter_config(args.dim, args.adapter).out_dim  # what both paths write per row
     setup_s = time.perf_counter() - t0
 
     # (a) anonymize vs. parquet only; alternating, so both see the same cache / machine state.
@@ -230,7 +238,7 @@ def run(args, root: Path) -> dict:
         assert not info["skipped"] and info["rows"] == args.clips
         baseline_out.unlink(missing_ok=True)
         t = time.perf_counter()
-        assert parquet_only(store, baseline_out) == args.clips
+        assert parquet_only(store, baseline_out, width) == args.clips
         plain_s.append(time.perf_counter() - t)
     anon_cps = args.clips / statistics.median(anon_s)
     plain_cps = args.clips / statistics.median(plain_s)
@@ -252,8 +260,8 @@ def run(args, root: Path) -> dict:
     agg = analyst.query(store, agg_sql)
     assert sum(agg["clips"].to_pylist()) == n_meta
     rng = np.random.default_rng(args.seed + 2)
-    qvec = rng.standard_normal(args.dim).astype(np.float32).tolist()
-    cos_sql = (f"SELECT video_id, clip_index, array_cosine_similarity(feature, ?::FLOAT[{args.dim}]) AS similarity "
+    qvec = rng.standard_normal(width).astype(np.float32).tolist()  # the published width (k for a keep adapter)
+    cos_sql = (f"SELECT video_id, clip_index, array_cosine_similarity(feature, ?::FLOAT[{width}]) AS similarity "
                f"FROM anonymized_features ORDER BY similarity DESC LIMIT 10")
     assert analyst.query(store, cos_sql, params=[qvec]).num_rows == 10
     probe_video = "v0"
@@ -281,6 +289,7 @@ def run(args, root: Path) -> dict:
     return {
         "benchmark": "publish", "clips": args.clips, "dim": args.dim,
         "adapter": {"kind": args.adapter, **adapter_config(args.dim, args.adapter).to_dict(), "version": version,
+                    "published_width": width,
                     "parameters": sum(p.numel() for p in AnonymizingAdapter(adapter_config(args.dim, args.adapter)).parameters()),
                     "chunk_rows": pub.CHUNK_ROWS},
         "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(), "machine": platform.machine(),

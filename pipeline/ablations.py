@@ -7,11 +7,13 @@ the privacy-utility report schema.
     ablation_report    collects every variant row into <root>/reports/ablations.json (+ .md, .png)
     job `ablations`    both; pipeline/runner.py `run_ablations()` runs them in-process (`splavu ablations`)
 
-Variants: losses (loss_all, loss_no_lt = no utility task, loss_no_lb = no privacy loss and no erasure,
-loss_no_llc = w_lc 0), tasks seen in training (tasks_ar, tasks_tad, tasks_ad, tasks_all), the w_lc sweep
-(wlc_0 .. wlc_1000), and the privacy objectives (paper, critic, critic_static_action, erasure_only, and
-oracle: a supervised attribute adversary, the one variant given private labels, a diagnostic only),
-each a delta on the base AAM config (assets.aam.AAMTrainingConfig's defaults unless configured).
+Variants (each a delta on the base AAM config, assets.aam.AAMTrainingConfig's defaults unless configured):
+the keep family (default, keep_k8/24/32, keep_no_motion, keep_learned, keep_after_erasure) beside
+previous_default and the paper's objective; tasks seen in training, every single task and pair (tasks_ar ..
+tasks_all); and, on the previous default's trained family: losses (loss_all, loss_no_lt = no utility task,
+loss_no_lb = no privacy loss and no erasure, loss_no_llc = w_lc 0), the w_lc sweep (wlc_0 .. wlc_1000) and the
+privacy objectives (paper, critic, critic_static_action, erasure_only, and oracle: a supervised attribute
+adversary, the one variant given private labels, a diagnostic only).
 Variants whose training config is identical (loss_all = tasks_all = wlc_<base w_lc>, loss_no_llc = wlc_0)
 train once: the result is cached per config in <root>/reports/ablations/by_config/.
 """
@@ -23,6 +25,7 @@ import time
 import dagster as dg
 
 from assets.aam import AAMTrainingConfig
+from splavu_core.aam.model import PREVIOUS_DEFAULT_ADAPTER
 from assets.evaluation import ProbeSettings
 from pipeline.resources import StoreResource
 from splavu_core.aam.io import adapter_version
@@ -36,27 +39,49 @@ from splavu_core.roles import training_plan
 from splavu_core.store import FeatureStore
 
 NO_ERASURE = {"erase_rank": 0}
+# the previous default (erasure of half the dimensions, 2 residual MLP blocks, learned critic): the trained
+# family's ablations (losses, w_lc, privacy objectives) are deltas on it, the keep family's on the new default
+PREVIOUS = {"erase_fraction": 0.5, "adapter": PREVIOUS_DEFAULT_ADAPTER}
+
+
+def _previous(**delta) -> dict:
+    adapter = {**PREVIOUS_DEFAULT_ADAPTER, **delta.pop("adapter", {})}
+    return {**PREVIOUS, **delta, "adapter": adapter}
+
+
+TASK_SETS = {"ar": ("ar",), "tad": ("tad",), "ad": ("ad",), "ar_tad": ("ar", "tad"), "ar_ad": ("ar", "ad"),
+             "tad_ad": ("tad", "ad"), "all": ("ar", "tad", "ad")}
 VARIANTS: dict[str, dict] = {
-    # no privacy mechanism at all: neither the privacy loss nor the fitted erasure
-    "loss_all": {}, "loss_no_lt": {"tasks": ()}, "loss_no_lb": {"w_b": 0.0, "adapter": NO_ERASURE},
-    "loss_no_llc": {"w_lc": 0.0},
+    "default": {},
+    # the keep family (issue 22): width, the motion directions, a learned block on top, the erasure before it
+    **{f"keep_k{k}": {"adapter": {"keep": k}} for k in (8, 24, 32)},
+    "keep_no_motion": {"keep_w_motion": 0.0},
+    "keep_learned": {"adapter": {"layers": 2}, "privacy": "critic"},
+    "keep_after_erasure": {"erase_fraction": 0.5},
+    "previous_default": _previous(),
+    # tasks seen in training (paper Tab. 2 / 4), on the default
+    **{f"tasks_{name}": {"tasks": tasks} for name, tasks in TASK_SETS.items()},
+    # the trained family: losses (paper Tab. 5); no privacy mechanism at all = neither the loss nor the erasure
+    "loss_all": _previous(), "loss_no_lt": _previous(tasks=()),
+    "loss_no_lb": _previous(w_b=0.0, adapter=NO_ERASURE), "loss_no_llc": _previous(w_lc=0.0),
     # privacy objectives (issue 12): the paper's, learned critics, the erasure alone, and the labelled frontier
     "paper": {"privacy": "ntxent", "pairs": "static_static", "epochs": 60,
-              "adapter": {**NO_ERASURE, "mixer": "attention", "layers": 3}},
-    "critic": {"privacy": "critic", "pairs": "static_static", "adapter": NO_ERASURE},
-    "critic_static_action": {"privacy": "critic", "pairs": "static_action", "adapter": NO_ERASURE},
-    "erasure_only": {"w_b": 0.0},
-    "oracle": {"oracle": True},
-    "tasks_ar": {"tasks": ("ar",)}, "tasks_tad": {"tasks": ("tad",)}, "tasks_ad": {"tasks": ("ad",)},
-    "tasks_all": {"tasks": ("ar", "tad", "ad")},
-    **{f"wlc_{w}": {"w_lc": float(w)} for w in (0, 1, 10, 100, 1000)},
+              "adapter": {"keep": 0, "erase_rank": 0, "mixer": "attention", "layers": 3}},
+    "critic": _previous(privacy="critic", pairs="static_static", adapter=NO_ERASURE),
+    "critic_static_action": _previous(privacy="critic", pairs="static_action", adapter=NO_ERASURE),
+    "erasure_only": _previous(w_b=0.0),
+    "oracle": _previous(oracle=True),
+    **{f"wlc_{w}": _previous(w_lc=float(w)) for w in (0, 1, 10, 100, 1000)},
 }
 GROUPS: dict[str, list[str]] = {
-    "Privacy objective (label-free default vs the paper's; oracle = labelled diagnostic, never publishable)": [
+    "The keep family (default: keep k = 14, closed form) beside the previous default and the paper's objective": [
+        "default", "keep_k8", "keep_k24", "keep_k32", "keep_no_motion", "keep_learned", "keep_after_erasure",
+        "previous_default", "paper"],
+    "Tasks seen in training, default adapter (paper Tab. 2 / 4)": [f"tasks_{n}" for n in TASK_SETS],
+    "Privacy objective of the trained family (oracle = labelled diagnostic, never publishable)": [
         "loss_all", "paper", "critic", "critic_static_action", "erasure_only", "oracle"],
-    "Losses (paper Tab. 5)": ["loss_all", "loss_no_lt", "loss_no_lb", "loss_no_llc"],
-    "Tasks seen in training (paper Tab. 4)": ["tasks_ar", "tasks_tad", "tasks_ad", "tasks_all"],
-    "ω_LC sweep (paper Tab. 9)": [f"wlc_{w}" for w in (0, 1, 10, 100, 1000)],
+    "Losses of the trained family (paper Tab. 5)": ["loss_all", "loss_no_lt", "loss_no_lb", "loss_no_llc"],
+    "ω_LC sweep of the trained family (paper Tab. 9)": [f"wlc_{w}" for w in (0, 1, 10, 100, 1000)],
 }
 ablation_variants = dg.StaticPartitionsDefinition(list(VARIANTS))
 

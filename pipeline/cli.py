@@ -137,6 +137,10 @@ def cmd_train(args) -> int:
         raise StoreError(f"--config is not JSON ({e}): e.g. '{{\"epochs\": 30}}'") from e
     if args.tasks is not None:
         cfg["tasks"] = list(parse_roles(args.tasks))
+    try:
+        _runner().check_training_config(cfg)
+    except ValueError as e:
+        raise StoreError(f"--config: {e}") from None
     store = _runner().StoreResource(root=_store_root(args))
     print(_training_preflight(store.store(), cfg), flush=True)
     _train_aam(store, cfg)
@@ -272,7 +276,7 @@ def cmd_demo(args) -> int:
           f"[{time.perf_counter() - t0:.0f} s]")
     print("\n3/6 training the anonymizing adapter from cached latents")
     print(f"  {_training_preflight(store.store(), {})}")
-    _train_aam(store, {})  # AAMTrainingConfig's defaults (README: how they were chosen)
+    _train_aam(store, {})  # the defaults: splavu_core.aam.model.DEFAULT_ADAPTER (README: how they were chosen)
     print(f"\n4/6 publishing anonymized feature tables and the DuckDB catalog [{time.perf_counter() - t0:.0f} s]")
     cmd_publish(argparse.Namespace(store=store.root, version=None))
     print(f"\n5/6 evaluating raw vs anonymized features [{time.perf_counter() - t0:.0f} s]")

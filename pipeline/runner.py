@@ -13,6 +13,7 @@ import time
 
 import dagster as dg
 
+from assets.aam import check_training_config  # noqa: F401  (the CLI)
 from assets.anonymized import newest_version, registered_shards, resolve_version  # noqa: F401  (newest_version: the CLI)
 from assets.evaluation import EVAL_ASSETS, privacy_utility_report
 from pipeline.ablations import VARIANTS

@@ -206,8 +206,9 @@ def _feature_dim(store: FeatureStore, version: str | None) -> int | None:
                 return t.list_size
     vt = read_versions(store)
     for cfg in vt.filter(vt["version"] == version)["config"].to_pylist() if version else []:
-        if "dim" in json.loads(cfg):
-            return int(json.loads(cfg)["dim"])
+        c = json.loads(cfg)
+        if "dim" in c:
+            return int(c.get("keep") or c["dim"])  # a keep adapter publishes k wide
     for shard in store.committed_shards():
         return int(store.committed(shard)["dim"])
     return None

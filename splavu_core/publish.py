@@ -136,8 +136,9 @@ def assert_no_raw_latents(table: pa.Table, raw_clips: np.ndarray) -> None:
 
 
 def assert_not_identity(raw: np.ndarray, anonymized: np.ndarray, eps: float = IDENTITY_EPS) -> float:
-    """Raise if max |f(x) - x| <= eps over the shard; return that maximum otherwise."""
-    if len(raw) == 0:
+    """Raise if max |f(x) - x| <= eps over the shard; return that maximum otherwise (NaN for an empty shard or
+    a narrower feature: a k < D projection is not the identity by construction, AAMConfig checks k < D)."""
+    if len(raw) == 0 or np.shape(anonymized)[1] != np.shape(raw)[1]:
         return float("nan")
     diff = float(np.max(np.abs(np.asarray(anonymized, np.float32) - np.asarray(raw, np.float32))))
     if diff <= eps:
@@ -171,7 +172,7 @@ def _run_adapter(adapter, cfg, clips: np.ndarray, video_ids: np.ndarray, clip_in
     a video's clips (cfg.clip_context), in which case whole videos go in as padded (B, T, D)."""
     import torch
 
-    out = np.empty_like(clips)
+    out = np.empty((len(clips), cfg.out_dim), np.float32)           # (N, k) for a keep adapter
     with torch.no_grad():
         if not cfg.clip_context:
             for s in range(0, len(clips), chunk):
@@ -219,7 +220,7 @@ def anonymize_shard(store: FeatureStore, shard: str, adapter_dir) -> dict:
     if commit is None:
         raise PublishError(f"shard {shard!r} has no committed latents in {store.loc('latents')}: "
                            f"materialise clip_latents for it first")
-    base = {"shard": shard, "version": version, "path": str(out), "dim": cfg.dim}
+    base = {"shard": shard, "version": version, "path": str(out), "dim": cfg.out_dim}
     if published_rows(store, version, shard) == commit["clips"]:
         return {**base, "rows": commit["clips"], "seconds": time.perf_counter() - t0, "skipped": True}
 

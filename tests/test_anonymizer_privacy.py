@@ -74,18 +74,25 @@ def store_copy(tiny_store, tmp_path_factory):
     return FeatureStore(dst)
 
 
-def test_training_never_reads_private_attribute_labels(store_copy):
-    fs = store_copy
-    _, _, summary, v1 = _train(fs)
+def flip_private_labels(root) -> int:
+    """Flip every attr_* label of the store's manifests (a trainer that read any would train differently);
+    returns how many manifests had such labels."""
     changed = 0
-    for path in sorted((fs.root / "labels").glob("*.parquet")):  # attr_* live in labels/ (issue 20)
+    for path in sorted((root / "labels").glob("*.parquet")):  # attr_* live in labels/ (issue 20)
         t = pq.read_table(path)
         cols = [c for c in t.column_names if c.startswith("attr_")]
-        for c in cols:  # flip every private label: a trainer that read any of them would train differently
+        for c in cols:
             flipped = pa.array([None if x is None else 1 - x for x in t.column(c).to_pylist()], t.schema.field(c).type)
             t = t.set_column(t.schema.get_field_index(c), c, flipped)
         changed += bool(cols)
         pq.write_table(t, path)
+    return changed
+
+
+def test_training_never_reads_private_attribute_labels(store_copy):
+    fs = store_copy
+    _, _, summary, v1 = _train(fs)
+    changed = flip_private_labels(fs.root)
     assert changed >= 2, "the training datasets must carry attr_* labels for this test to mean anything"
     _, _, summary2, v2 = _train(fs)
     assert v1 == v2, "the AAM version changed when only private-attribute labels changed"

@@ -359,24 +359,26 @@ def test_ablation_partitions_write_rows_and_report(tiny_store, tmp_path):
     fs = _copy(tiny_store, tmp_path / "store")
     cfg = {"batch": 64, "pretrain_head_epochs": 2, "lr": 3e-3, **{k: v for k, v in SMALL_ADAPTER.items()},
            **FAST_PROBES}
-    report = run_ablations(fs, variants=["loss_all", "tasks_all"], epochs=2, config=cfg,
+    report = run_ablations(fs, variants=["default", "tasks_all"], epochs=2, config=cfg,
                            instance=dg.DagsterInstance.ephemeral(), log=None)
     d = fs.root / "reports" / "ablations"
-    a = json.loads((d / "variants" / "loss_all.json").read_text())
+    a = json.loads((d / "variants" / "default.json").read_text())
     b = json.loads((d / "variants" / "tasks_all.json").read_text())
     assert a["reused"] is False and b["reused"] is True  # same training config: trained once
     assert a["train_config"]["epochs"] == 2 and SMALL_ADAPTER.items() <= a["train_config"]["adapter"].items()
-    assert a["row"]["name"] == "loss_all" and set(a["row"]) == set(suite.REPORT_KEYS) | set(suite.DERIVED_KEYS)
-    assert [r["name"] for r in report["rows"]] == ["raw", "loss_all", "tasks_all"]
+    assert a["train_config"]["adapter"]["keep"] == 14  # the default is the keep family's
+    assert a["row"]["name"] == "default" and set(a["row"]) == set(suite.REPORT_KEYS) | set(suite.DERIVED_KEYS)
+    assert [r["name"] for r in report["rows"]] == ["raw", "default", "tasks_all"]
     raw, row = report["rows"][0], report["rows"][1]
     assert row["privacy_cmap"] == a["row"]["privacy_cmap"]
     if row["leakage_removed"] is not None:
         assert row["leakage_removed"] == pytest.approx((raw["privacy_cmap"] - row["privacy_cmap"])
                                                        / (raw["privacy_cmap"] - raw["privacy_chance_cmap"]))
     md = (fs.root / "reports" / "ablations.md").read_text()
-    assert "### Losses" in md and "### Tasks seen" in md and "| loss_all |" in md and "Not yet run:" in md
+    assert "### The keep family" in md and "### Tasks seen" in md and "| default |" in md and "Not yet run:" in md
     assert set(VARIANTS) >= {n for names in GROUPS.values() for n in names}
-    assert {"loss_no_lt", "loss_no_lb", "loss_no_llc", "tasks_ar", "tasks_tad", "tasks_ad", "wlc_0", "wlc_1000"} <= set(VARIANTS)
+    assert {"loss_no_lt", "loss_no_lb", "loss_no_llc", "tasks_ar", "tasks_tad", "tasks_ad", "tasks_ar_tad",
+            "tasks_ar_ad", "tasks_tad_ad", "previous_default", "wlc_0", "wlc_1000"} <= set(VARIANTS)
 
 
 def test_variant_configs():
@@ -389,10 +391,13 @@ def test_variant_configs():
     assert base.variant_train_config("tasks_tad").tasks == ("tad",)
     assert base.variant_train_config("wlc_1000").w_lc == 1000.0 and base.variant_train_config("wlc_1000").epochs == 5
     assert base.variant_train_config("loss_all").w_lc == 10.0
-    base = AblationConfig(epochs=5, erase_rank=12, layers=2)
+    assert base.variant_train_config("default").adapter["keep"] == 14
+    prev = base.variant_train_config("previous_default")  # erasure of half the dims + 2 MLP blocks + critic
+    assert prev.adapter["keep"] == 0 and prev.adapter["layers"] == 2 and prev.erase_fraction == 0.5
+    base = AblationConfig(epochs=5, erase_rank=12, layers=2, heads=4)
     paper = base.variant_train_config("paper")  # the paper's objective: fixed-cosine NT-Xent, no erasure
     assert paper.privacy == "ntxent" and paper.adapter["erase_rank"] == 0 and paper.adapter["mixer"] == "attention"
-    assert paper.adapter["heads"] == base.heads  # fields the variant does not name come from the base config
+    assert paper.adapter["heads"] == 4 and paper.adapter["keep"] == 0  # unnamed fields come from the base config
     assert base.variant_train_config("loss_no_lb").adapter["erase_rank"] == 0
     assert base.variant_train_config("erasure_only").adapter["erase_rank"] == 12
     assert base.variant_train_config("oracle").oracle and not base.variant_train_config("loss_all").oracle

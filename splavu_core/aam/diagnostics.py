@@ -60,14 +60,13 @@ def critic_pair_matching(static: np.ndarray, actions: Sequence[np.ndarray] | Non
     rng = np.random.default_rng(seed)
     torch.manual_seed(seed)
     # the features the critic sees: every static clip and action clip, through the adapter once
-    st = transform(static.reshape(-1, static.shape[-1])).reshape(static.shape)        # (V, K, D)
+    st = transform(static.reshape(-1, static.shape[-1])).reshape(*static.shape[:2], -1)  # (V, K, D or k)
     ac = None if actions is None else [transform(a) for a in actions]
     mean, std = st.reshape(-1, st.shape[-1]).mean(0), st.reshape(-1, st.shape[-1]).std(0) + 1e-6
     norm = lambda x: torch.from_numpy(((x - mean) / std).astype(np.float32))          # noqa: E731
     sub = lambda idx: (st[idx], None if ac is None else [ac[i] for i in idx])          # noqa: E731
 
-    D = static.shape[-1]
-    critic = PairCritic(D, hidden)
+    critic = PairCritic(st.shape[-1], hidden)  # the transformed width (k for a keep adapter)
     opt = torch.optim.AdamW(critic.parameters(), lr=1e-3)
     tr_static, tr_actions = sub(train_idx)
     batch = min(256, len(train_idx))

@@ -24,6 +24,20 @@ import torch.nn.functional as F
 from einops import rearrange, repeat
 
 
+# Fields added after the first stored adapters, with the value those adapters had: a stored config omits
+# them at that value (to_dict), and reading fills them back (from_dict), so defaults below may change.
+FORMAT1_VALUES = {"erase_rank": 0, "oracle": False, "mixer": "attention", "hidden": 256, "keep": 0}
+
+
+# The adapter `aam_model` trains unless told otherwise (TrainConfig.adapter, the CLI, Dagster): the keep
+# family's closed form, k = 14 directions of what the tasks need (README: how k was chosen). AAMConfig's own
+# defaults below are the paper's architecture, for adapters built by hand.
+DEFAULT_ADAPTER = {"keep": 14, "layers": 0, "mixer": "mlp"}
+# The previous default (with TrainConfig erase_fraction 0.5: an erasure of half the dimensions, then 2 residual
+# MLP blocks trained with the learned critic), kept as a named variant
+PREVIOUS_DEFAULT_ADAPTER = {"keep": 0, "layers": 2, "mixer": "mlp", "hidden": 256}
+
+
 @dataclass
 class AAMConfig:
     dim: int                    # D: feature width of the frozen encoder
@@ -37,6 +51,7 @@ class AAMConfig:
     mixer: str = "attention"    # residual blocks: "attention" (sub-token attention, as above) or "mlp" (per clip)
     hidden: int = 256           # width of an "mlp" block (D -> hidden -> D)
     oracle: bool = False        # trained WITH private-attribute labels: a diagnostic, never publishable
+    keep: int = 0               # k: publish only a fitted k-dim utility subspace (aam/keep.py); 0 = D wide
 
     def __post_init__(self):
         for f in fields(self):
@@ -44,13 +59,19 @@ class AAMConfig:
             want = bool if f.type in ("bool", bool) else str if f.type in ("str", str) else int
             if type(v) is not want:  # bool is an int subclass: be strict so JSON mistakes show up
                 raise TypeError(f"AAMConfig.{f.name} must be {want.__name__}, got {v!r}")
-        for name in ("dim", "layers", "heads", "sub_tokens", "token_width"):
+        if self.layers < (0 if self.mixer == "mlp" else 1):  # no mlp block: the fitted linear stages alone
+            raise ValueError(f"AAMConfig.layers must be >= {0 if self.mixer == 'mlp' else 1}, got {self.layers}")
+        for name in ("dim", "heads", "sub_tokens", "token_width"):
             if getattr(self, name) < 1:
                 raise ValueError(f"AAMConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.mixer not in ("attention", "mlp"):
             raise ValueError(f"AAMConfig.mixer must be 'attention' or 'mlp', got {self.mixer!r}")
         if self.mixer == "mlp" and self.clip_context:
             raise ValueError("AAMConfig.clip_context needs mixer='attention' (an mlp block sees one clip)")
+        if not 0 <= self.keep < self.dim:  # k = D would be an invertible map of the raw latents
+            raise ValueError(f"AAMConfig.keep must be in [0, dim={self.dim}), got {self.keep}")
+        if self.keep and (self.mixer != "mlp" or self.clip_context):
+            raise ValueError("AAMConfig.keep needs mixer='mlp' (its blocks work in the k-dim kept space)")
         if not 0 <= self.erase_rank < self.dim:
             raise ValueError(f"AAMConfig.erase_rank must be in [0, dim={self.dim}), got {self.erase_rank}")
         if self.dim % self.sub_tokens:
@@ -64,20 +85,20 @@ class AAMConfig:
     def sub_dim(self) -> int:  # D/S: values per sub-token
         return self.dim // self.sub_tokens
 
+    @property
+    def out_dim(self) -> int:  # width of the published feature
+        return self.keep or self.dim
+
     def to_dict(self) -> dict:
-        # fields added after format 1 are omitted at their default, so existing adapters keep their version hash
-        d = asdict(self)
-        for name, default in (("erase_rank", 0), ("oracle", False), ("mixer", "attention"), ("hidden", 256)):
-            if d[name] == default:
-                del d[name]
-        return d
+        # fields added after format 1 are omitted at their format-1 value, so existing adapters keep their hash
+        return {k: v for k, v in asdict(self).items() if k not in FORMAT1_VALUES or v != FORMAT1_VALUES[k]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "AAMConfig":
         unknown = set(d) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"AAMConfig.from_dict: unknown keys {sorted(unknown)} (written by a newer version?)")
-        return cls(**d)
+        return cls(**{**FORMAT1_VALUES, **d})  # a key left out was at its format-1 value, whatever today's default
 
 
 class SelfAttention(nn.Module):
@@ -172,19 +193,35 @@ class Erasure(nn.Module):
         return x - ((x - self.mean) @ self.read) @ self.write.T
 
 
+class Keep(nn.Module):
+    """k(x) = (x - mu) P: the fitted k-dim utility subspace (`aam.keep.fit_keep`), frozen buffers.
+    Linear and per clip, like the erasure; all zeros until fitted."""
+
+    def __init__(self, dim: int, k: int):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(dim))     # (D,)
+        self.register_buffer("proj", torch.zeros(dim, k))  # P: (D, k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., D) -> (..., k)
+        return (x - self.mean) @ self.proj
+
+
 class AnonymizingAdapter(nn.Module):
     """f_A: (B, T, D) videos x clips [+ (B, T) bool padding mask, True = real clip] or (N, D) lone clips
     -> same shape. Padded clips are returned unchanged and never influence real ones.
 
-    f_A(x) = e(x) + delta(e(x)): an optional fitted linear erasure e, then the residual attention branch."""
+    f_A(x) = e(x) + delta(e(x)): an optional fitted linear erasure e, then the residual attention branch.
+    With cfg.keep = k: f_A(x) = y + delta(y), y = k(e(x)) the fitted utility subspace, delta residual MLPs
+    in k dims: output (..., k), and padded clips come back as zeros."""
 
     def __init__(self, cfg: AAMConfig):
         super().__init__()
         self.cfg = cfg
         S, C, W = cfg.sub_tokens, cfg.sub_dim, cfg.token_width
         self.erase = Erasure(cfg.dim, cfg.erase_rank) if cfg.erase_rank else None
-        if cfg.mixer == "mlp":  # one dense residual MLP per block on the whole D-vector: ~8x fewer MACs per clip
-            self.mlps = nn.ModuleList(ClipMLP(cfg.dim, cfg.hidden) for _ in range(cfg.layers))
+        self.keep = Keep(cfg.dim, cfg.keep) if cfg.keep else None
+        if cfg.mixer == "mlp":  # one dense residual MLP per block on the whole vector: ~8x fewer MACs per clip
+            self.mlps = nn.ModuleList(ClipMLP(cfg.out_dim, cfg.hidden) for _ in range(cfg.layers))
             return
         self.lift = nn.Linear(C, W)                       # shared across the S sub-tokens
         self.pos = nn.Parameter(0.02 * torch.randn(S, W))  # which slice of the D-vector a sub-token is
@@ -192,6 +229,14 @@ class AnonymizingAdapter(nn.Module):
         self.out = nn.Linear(W, C)                        # back to D/S per sub-token
         nn.init.zeros_(self.out.weight)  # the residual branch onto x: zero -> f_A(x) == x at init
         nn.init.zeros_(self.out.bias)
+
+    def fixed_stages(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The frozen linear stages alone (erasure, then keep): what the trained blocks start from.
+        (..., D) -> (..., out); padded clips (mask False) come back as zeros."""
+        if self.erase is not None:
+            x = self.erase(x)
+        x = x if self.keep is None else self.keep(x)
+        return x if mask is None else torch.where(mask[..., None], x, 0.0)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         cfg = self.cfg
@@ -212,6 +257,9 @@ class AnonymizingAdapter(nn.Module):
         if self.erase is not None:
             x_in = self.erase(x_in)
             x = x_in if mask is None else torch.where(mask[..., None], x_in, x)
+        if self.keep is not None:
+            x_in = self.keep(x_in)                                   # (B, T, k)
+            x = x_in if mask is None else torch.where(mask[..., None], x_in, 0.0)
         if cfg.mixer == "mlp":
             h = x_in
             for mlp in self.mlps:

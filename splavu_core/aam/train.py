@@ -27,7 +27,7 @@ from ..heads import (ADHead, ARHead, TADHead, ad_mil_loss, ad_segments, pad_sequ
                      tad_loss, tad_targets)
 from .diagnostics import PairCritic, heldout_split, pair_matching_report
 from .losses import confusion, info_nce, nt_xent
-from .model import AAMConfig, AnonymizingAdapter
+from .model import DEFAULT_ADAPTER, AAMConfig, AnonymizingAdapter
 
 TASKS = ("ar", "tad", "ad")
 
@@ -56,7 +56,7 @@ class TrainConfig:
     pretrain_head_epochs: int = 30       # TAD / AD heads first fit on raw features
     seed: int = 0
     selection: str = "val_ar"            # keep the epoch with the best validation AR top-1 ("last": final epoch)
-    adapter: dict = field(default_factory=lambda: {"layers": 2, "mixer": "mlp", "hidden": 256})
+    adapter: dict = field(default_factory=lambda: dict(DEFAULT_ADAPTER))  # AAMConfig fields (model.py)
     # privacy objective: "ntxent" = the paper's (maximise a fixed-cosine NT-Xent of two static clips);
     # "critic" = a learned critic matches pairs of one video, the adapter is trained to confuse it
     privacy: str = "critic"
@@ -64,9 +64,12 @@ class TrainConfig:
     critic_steps: int = 2                # critic updates per adapter step
     critic_hidden: int = 256
     critic_lr: float = 1e-3
-    erase_fraction: float = 0.5          # erasure rank = round(fraction * D), unless adapter sets erase_rank
+    erase_fraction: float = 0.0          # erasure rank = round(fraction * D), unless adapter sets erase_rank
     erase_w_action: float = 1.0          # erasure fit: weight of the action-class scatter it must keep
     erase_w_temporal: float = 0.0        # erasure fit: weight of the within-video (over time) scatter it must keep
+    keep_w_motion: float = 1.0           # keep fit (adapter keep = k): weight of within-video motion kept for unseen tasks
+    keep_w_app: float = 0.0              # keep fit: weight of between-video static (appearance) scatter to avoid
+    keep_tad_phases: int = 3             # keep fit: a TAD segment's clips labelled by class and phase (start .. end)
     heldout_fraction: float = 0.2        # static-bearing training videos kept out of training, for diagnostics
     diagnose_points: int = 4             # fresh-critic pair matching measured this many times during training
     diagnose_steps: int = 300            # training steps of each fresh diagnostic critic
@@ -140,16 +143,17 @@ def val_ar_top1(adapter, head, videos, classes) -> float:
     return correct / max(1, len(videos))
 
 
-def _pretrain_heads(data, cfg, tad_head, ad_head, gen):
-    """TAD / AD heads start from heads fitted on raw features (as the paper does)."""
+def _pretrain_heads(data, cfg, tad_head, ad_head, gen, fixed=None):
+    """TAD / AD heads start from heads fitted on raw features (as the paper does); on the kept subspace
+    (`fixed`: the adapter's frozen linear stages) when the adapter publishes k dims."""
     if "tad" in cfg.tasks:
         opt = torch.optim.AdamW(tad_head.parameters(), lr=cfg.head_lr)
         for _ in range(cfg.pretrain_head_epochs):
-            tad_step(tad_head, data, data.tad_train, None, opt, gen, raw=True)
+            tad_step(tad_head, data, data.tad_train, fixed, opt, gen)
     if "ad" in cfg.tasks:
         opt = torch.optim.AdamW(ad_head.parameters(), lr=cfg.head_lr, weight_decay=5e-4)
         for _ in range(cfg.pretrain_head_epochs):
-            loss = ad_loss(ad_head, data.ad_train, None, gen, batch=32)
+            loss = ad_loss(ad_head, data.ad_train, fixed, gen, batch=32)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -165,10 +169,10 @@ def tad_loss_of(tad_head, data, videos, adapter):
     return tad_loss(cls, reg, targets, mask)
 
 
-def tad_step(tad_head, data, videos, adapter, opt, gen, raw=False, batch=16):
+def tad_step(tad_head, data, videos, adapter, opt, gen, batch=16):
     order = torch.randperm(len(videos), generator=gen).tolist()
     for i in range(0, len(order), batch):
-        loss = tad_loss_of(tad_head, data, [videos[j] for j in order[i:i + batch]], None if raw else adapter)
+        loss = tad_loss_of(tad_head, data, [videos[j] for j in order[i:i + batch]], adapter)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(tad_head.parameters(), 1.0)
@@ -228,6 +232,42 @@ def fit_appearance_erasure(data: TrainingData, fit_idx: np.ndarray, rank: int, w
                        w_temporal=w_temporal)
 
 
+def fit_utility_keep(data: TrainingData, tasks, k: int, w_motion: float = 0.0, w_app: float = 0.0,
+                     tad_phases: int = 3, transform=None):
+    """The keep stage as aam_model fits it: the co-trained tasks' training videos (utility labels only) and
+    the static clips, unlabelled; `transform` (the erasure, when there is one) applied first."""
+    from .keep import fit_keep
+
+    f = transform or (lambda x: x)
+    train = {"ar": data.ar_train, "tad": data.tad_train, "ad": data.ad_train}
+    task_videos = {t: [dataclasses.replace(v, feats=f(v.feats)) for v in train[t]] for t in tasks if train[t]}
+    if not task_videos:  # no utility labels at all: motion directions of every training video
+        task_videos = {"ar": [dataclasses.replace(v, feats=f(v.feats), meta={"action": "_"})
+                              for v in data.ar_train + data.tad_train + data.ad_train]}
+    static = f(data.static.reshape(-1, data.dim)).reshape(data.static.shape) if len(data.static) else data.static
+    return fit_keep(task_videos, static, k, w_motion=w_motion, w_app=w_app, tad_phases=tad_phases)
+
+
+def _fit_keep_into(adapter, data: TrainingData, cfg: TrainConfig, log) -> dict:
+    from .erasure import ErasureFit, apply_erasure
+
+    transform = None
+    if adapter.erase is not None:
+        e = adapter.erase
+        fit = ErasureFit(e.mean.numpy(), e.read.numpy(), e.write.numpy(), np.zeros(0))
+        transform = lambda x: apply_erasure(fit, x)  # noqa: E731
+    k = adapter.cfg.keep
+    fit = fit_utility_keep(data, cfg.tasks, k, cfg.keep_w_motion, cfg.keep_w_app, cfg.keep_tad_phases, transform)
+    with torch.no_grad():
+        adapter.keep.mean.copy_(torch.from_numpy(fit.mean))
+        adapter.keep.proj.copy_(torch.from_numpy(fit.proj))
+    ev = fit.eigenvalues
+    if log:
+        log(f"keep: publishing {k} utility directions of {data.dim} (tasks {', '.join(cfg.tasks) or 'none: motion'}; "
+            f"utility ratio {ev[0]:.3f} .. {ev[k - 1]:.3f}; largest dropped {ev[k]:.3f})")
+    return {"k": k, "tasks": list(cfg.tasks), "eigenvalues": [round(float(x), 5) for x in ev[:2 * k + 1]]}
+
+
 def _fit_erasure_into(adapter, data: TrainingData, fit_idx: np.ndarray, cfg: TrainConfig, log) -> dict:
     rank = adapter.cfg.erase_rank
     fit = fit_appearance_erasure(data, fit_idx, rank, cfg.erase_w_action, cfg.erase_w_temporal)
@@ -270,11 +310,7 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
     adapter_kw.setdefault("erase_rank", int(round(cfg.erase_fraction * data.dim)))
     acfg = AAMConfig(dim=data.dim, oracle=cfg.oracle, **adapter_kw)
     adapter = AnonymizingAdapter(acfg)
-    C = len(data.classes)
-    ar_head = ARHead(data.dim, max(C, 2))
-    tad_head = TADHead(data.dim, max(len(data.tad_classes), 1))
-    ad_head = ADHead(data.dim)
-    _pretrain_heads(data, cfg, tad_head, ad_head, gen)
+    C, out = len(data.classes), acfg.out_dim                       # heads read the published width
 
     n_static = len(data.static)
     diagnose = cfg.heldout_fraction > 0 and n_static >= 8
@@ -283,16 +319,25 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
     else:
         fit_idx, held_idx = np.arange(n_static), np.arange(0)
     erasure = _fit_erasure_into(adapter, data, fit_idx, cfg, log) if acfg.erase_rank else None
+    keep = _fit_keep_into(adapter, data, cfg, log) if acfg.keep else None
+    fixed = adapter.fixed_stages if acfg.keep else None            # heads pretrain on the kept subspace
+    ar_head = ARHead(out, max(C, 2))
+    tad_head = TADHead(out, max(len(data.tad_classes), 1))
+    ad_head = ADHead(out)
+    trainable = any(p.requires_grad for p in adapter.parameters())
+    if trainable:
+        _pretrain_heads(data, cfg, tad_head, ad_head, gen, fixed)
 
     x_ar, y_ar = _ar_arrays(data.ar_train, data.classes) if data.ar_train else (torch.zeros(0, data.dim), None)
     static = torch.from_numpy(data.static.astype(np.float32))      # (V, K, D)
     pool = torch.cat([x_ar, static.flatten(0, 1)]) if len(x_ar) else static.flatten(0, 1)
-    scale = float(pool.var(0).mean())                               # LC normaliser: mean per-dimension variance
+    with torch.no_grad():                                           # LC normaliser: mean per-dimension variance
+        scale = float((adapter.fixed_stages(pool) if acfg.keep else pool).var(0).mean())
     opt = torch.optim.AdamW(list(adapter.parameters()) + list(ar_head.parameters()), lr=cfg.lr)
     opt_tad = torch.optim.AdamW(tad_head.parameters(), lr=cfg.head_lr)
     opt_ad = torch.optim.AdamW(ad_head.parameters(), lr=cfg.head_lr, weight_decay=5e-4)
     sampler = PairSampler(data, fit_idx, cfg.pairs, gen)
-    critic = PairCritic(data.dim, cfg.critic_hidden) if cfg.privacy == "critic" else None
+    critic = PairCritic(out, cfg.critic_hidden) if cfg.privacy == "critic" else None
     opt_critic = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr) if critic else None
     oracle = _Oracle(data, fit_idx, cfg) if cfg.oracle else None
     steps_per_epoch = max(1, len(x_ar) // cfg.batch) if len(x_ar) else max(1, len(fit_idx) // max(2, cfg.batch // 4))
@@ -300,9 +345,11 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
     diag = {"raw": _round(pair_matching_report(data.static, data.static_actions, fit_idx, held_idx, seed=cfg.seed,
                                                 steps=cfg.diagnose_steps))
             if diagnose else None, "during": []}
-    history, best = [], (-1.0, None, -1)
+    history, best = [], (-1.0, copy.deepcopy(adapter.state_dict()), 0)
     t0 = time.perf_counter()
-    for epoch in range(1, cfg.epochs + 1):
+    if not trainable and log:
+        log("closed-form adapter (no trainable stage): nothing to train after the fit")
+    for epoch in range(1, cfg.epochs + 1 if trainable else 1):
         sums = {}
         for _ in range(steps_per_epoch):
             parts = {}
@@ -313,7 +360,7 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
             else:
                 h = pool[torch.randint(len(pool), (cfg.batch,), generator=gen)]
             z = adapter(h)                                          # (B, D)
-            target = h if adapter.erase is None else adapter.erase(h).detach()  # consistency with the erased space
+            target = adapter.fixed_stages(h).detach()               # consistency with the erased / kept space
             parts["lc"] = F.mse_loss(z, target) / scale
             if "ar" in cfg.tasks:
                 parts["ar"] = F.cross_entropy(ar_head(z), y_ar[idx])
@@ -369,9 +416,10 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
                 + ", ".join(f"{k} {diag['raw'][k]:.3f} -> {diag['selected'][k]:.3f}"
                             for k in diag["raw"] if k != "chance"))
     summary = {"selected_epoch": best[2], "history": history, "seconds": round(time.perf_counter() - t0, 2),
-               "lc_scale": scale, "train_config": asdict(cfg), "erasure": erasure,
+               "lc_scale": scale, "train_config": asdict(cfg), "erasure": erasure, "keep": keep,
                "diagnostics": diag if diagnose else None, "heldout_videos": int(len(held_idx)),
-               "final": history[best[2] - 1], "parameters": sum(p.numel() for p in adapter.parameters())}
+               "final": history[best[2] - 1] if best[2] else {},
+               "parameters": sum(p.numel() for p in adapter.parameters())}
     return adapter, acfg, summary
 
 
@@ -406,6 +454,7 @@ class _Oracle:
         y = torch.from_numpy(np.asarray(data.attributes, np.float32)[fit_idx])   # (V, A)
         self.y, self.prior = y, y.mean(0).clamp(0.02, 0.98)
         D, A = data.dim, y.shape[1]
+        D = cfg.adapter.get("keep") or D                           # the adapter's output width
         self.net = nn.Sequential(nn.Linear(D, D), nn.ReLU(), nn.Linear(D, A))
         self.opt = torch.optim.AdamW(self.net.parameters(), lr=1e-3)
         self.steps = cfg.critic_steps

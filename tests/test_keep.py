@@ -1,0 +1,100 @@
+"""The keep family: a k-dim utility subspace fitted from utility labels only, published k wide end to end."""
+import shutil
+
+import dagster as dg
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from splavu_core.aam.keep import apply_keep, fit_keep
+from splavu_core.features import VideoFeatures
+from splavu_core.store import FeatureStore
+
+from test_anonymizer_privacy import flip_private_labels, toy_videos
+
+KEEP = dict(epochs=2, batch=64, pretrain_head_epochs=1, tasks=("ar",), adapter={"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0},
+            diagnose_points=1, diagnose_steps=30)
+
+
+def _videos(actions, labels):
+    return [VideoFeatures(video_id=str(i), split="train", feats=a, clip_start_s=np.arange(len(a), dtype=float),
+                          clip_end_s=np.arange(len(a), dtype=float) + 1, n_frames=16 * len(a), fps=16.0,
+                          meta={"action": f"a{int(y)}"}) for i, (a, y) in enumerate(zip(actions, labels))]
+
+
+def test_keep_keeps_the_action_directions_and_drops_appearance():
+    static, actions, labels = toy_videos()
+    fit = fit_keep({"ar": _videos(actions, labels)}, static, k=2)
+    clips, y = np.concatenate(actions), np.repeat(labels, 4)
+    z = apply_keep(fit, clips)
+    assert z.shape == (len(clips), 2)
+    # appearance (dims 0-5, per video) is nearly gone: between-video spread of the kept static clips is small
+    kept_static = apply_keep(fit, static.reshape(-1, static.shape[-1])).reshape(len(static), -1, 2)
+    app_share = np.cov(kept_static.mean(1), rowvar=False).trace() / np.cov(z, rowvar=False).trace()
+    assert app_share < 0.05, app_share
+    # the three actions stay apart: nearest class centre recovers the label
+    centres = np.stack([z[y == c].mean(0) for c in range(3)])
+    pred = np.argmin(((z[:, None] - centres[None]) ** 2).sum(-1), 1)
+    assert (pred == y).mean() > 0.95
+    with pytest.raises(AssertionError, match="k must be"):
+        fit_keep({"ar": _videos(actions, labels)}, static, k=0)
+
+
+def test_motion_directions_fill_the_space_no_task_asked_for():
+    """With no utility label the keep stage keeps what varies within a video (appearance does not)."""
+    static, actions, labels = toy_videos()
+    fit = fit_keep({"ar": _videos(actions, np.zeros_like(labels))}, static, k=3, w_motion=1.0)
+    kept_static = apply_keep(fit, static.reshape(-1, static.shape[-1])).reshape(len(static), -1, 3)
+    z = apply_keep(fit, np.concatenate(actions))
+    assert np.cov(kept_static.mean(1), rowvar=False).trace() < 0.2 * np.cov(z, rowvar=False).trace()
+
+
+@pytest.mark.parametrize("adapter", [{"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0},
+                                     {"keep": 4, "layers": 1, "mixer": "mlp", "hidden": 16, "erase_rank": 4}])
+def test_keep_training_never_reads_private_attribute_labels(tiny_store, tmp_path, adapter):
+    from splavu_core.aam.io import adapter_version
+    from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
+
+    root = tmp_path / "store"
+    shutil.copytree(tiny_store, root)
+    fs = FeatureStore(root)
+
+    def version():
+        cfg = TrainConfig(**{**KEEP, "tasks": ("ar", "tad"), "adapter": adapter})
+        a, acfg, _ = train_aam(load_training_data(fs, ad=None), cfg, log=None)
+        return adapter_version(a, acfg, fs.encoder_fingerprint())
+
+    before = version()
+    assert flip_private_labels(root) >= 2, "the training datasets must carry attr_* labels for this to mean anything"
+    assert version() == before, "the keep adapter changed when only private-attribute labels changed"
+
+
+def test_a_keep_adapter_publishes_k_wide_tables_end_to_end(tiny_store, tmp_path):
+    """aam_model with keep = 4 (Dagster config, as a user sets it), then the shard's table, the catalog's typed
+    view and the in-memory evaluation all see 4-wide features."""
+    from assets.aam import aam_model
+    from pipeline.resources import StoreResource
+    from splavu_core.catalog import build_catalog, query
+    from splavu_core.evaluation.suite import evaluate_feature_set, load_feature_sets
+    from splavu_core.publish import anonymize_shard, load_video_features, read_versions, set_current
+
+    root = tmp_path / "store"
+    shutil.copytree(tiny_store, root)
+    fs = FeatureStore(root)
+    res = dg.materialize([aam_model], resources={"store": StoreResource(root=str(root))}, run_config={"ops": {
+        "aam_model": {"config": {"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0, "tasks": ["ar"], "diagnose_steps": 30}}}})
+    version = res.asset_materializations_for_node("aam_model")[0].metadata["version"].value
+    info = anonymize_shard(fs, "ar-000", root / "aam" / version)
+    assert info["dim"] == 4 and info["rows"] > 0
+    t = pq.read_table(root / "anonymized" / version / "ar-000.parquet")
+    assert t.schema.field("feature").type.list_size == 4
+    set_current(fs, version)
+    build_catalog(fs)
+    width = query(fs, "SELECT len(feature) AS n FROM anonymized_features LIMIT 1").to_pylist()[0]["n"]
+    assert width == 4
+    videos = load_video_features(fs, source="anonymized", version=version, shards=["ar-000"])
+    assert videos and all(v.feats.shape[1] == 4 for v in videos)
+    assert version in read_versions(fs)["version"].to_pylist()
+    raw = load_feature_sets(fs, ["ar"], "raw")
+    rows = evaluate_feature_set({"ar": videos}, "keep", version, which=["ar"], probe_kwargs={"ar": {"epochs": 5}})
+    assert any(r["metric"] == "top1" for r in rows) and raw["ar"][0].feats.shape[1] > 4
