@@ -74,7 +74,8 @@ def test_a_keep_adapter_publishes_k_wide_tables_end_to_end(tiny_store, tmp_path)
     view and the in-memory evaluation all see 4-wide features."""
     from assets.aam import aam_model
     from pipeline.resources import StoreResource
-    from splavu_core.catalog import build_catalog, query
+    from splavu_core.analyst import query
+    from splavu_core.catalog import build_catalog
     from splavu_core.evaluation.suite import evaluate_feature_set, load_feature_sets
     from splavu_core.publish import anonymize_shard, load_video_features, read_versions, set_current
 
