@@ -262,14 +262,20 @@ def neighbors(store: FeatureStore, video_id: str, k: int = 10, reduce: str = "me
 # ---------------------------------------------------------------- explaining an empty answer
 
 def _budget_reason(store: FeatureStore, version: str) -> str | None:
-    """Why the privacy budget refused `version`, from its cached measurement (None: not measured / passed)."""
-    from .evaluation.suite import DEFAULT_PRIVACY_BUDGET, PRIVACY_BUDGET_ENV, _safe, budget_verdict
+    """Why a gate refused `version`, from the version ledger (None: not measured / passed)."""
+    from .ledger import budget_verdict, privacy_threshold, read_verdicts
 
-    try:
-        measure = store.fs.read_json(f"reports/privacy_budget/{_safe(version)}.json")["measure"]
+    verdicts = read_verdicts(store, version)
+    failed = [f"{gate}: {v['why']}" for gate, v in verdicts.items() if not v.get("passed", True)]
+    if failed:
+        return f"refused by the gates ({'; '.join(failed)})"
+    if verdicts:
+        return None
+    try:  # a store gated before the ledger recorded verdicts: the cached privacy measurement
+        measure = store.fs.read_json(f"reports/privacy_budget/{version}.json")["measure"]
     except (FileNotFoundError, KeyError, ValueError):
         return None
-    ok, why = budget_verdict(measure, float(os.environ.get(PRIVACY_BUDGET_ENV, DEFAULT_PRIVACY_BUDGET)))
+    ok, why = budget_verdict(measure, privacy_threshold())
     return None if ok else f"refused by the privacy budget ({why})"
 
 

@@ -37,6 +37,8 @@ import pyarrow as pa
 
 from ..catalog import METRICS_SCHEMA
 from ..features import VideoFeatures, split_of
+from ..ledger import (DEFAULT_PRIVACY_BUDGET, PRIVACY_BUDGET_ENV, _verdict_one,  # noqa: F401  (verdict rules
+                      budget_verdict)                                             # live in the ledger now)
 from ..store import FeatureStore, StoreError
 
 # task -> dataset that supplies it (the synthetic benchmark's names; override with datasets=).
@@ -421,12 +423,10 @@ def anonymize_videos(adapter, videos: Sequence[VideoFeatures]) -> list[VideoFeat
 
 def newest_version(store: FeatureStore) -> str | None:
     """The AAM version being published: the newest recorded (by created_at), else the current one."""
-    from ..publish import current_version, read_versions
+    from ..ledger import current_version
+    from ..ledger import newest_version as _newest
 
-    rows = read_versions(store).to_pylist()
-    if not rows:
-        return current_version(store)
-    return max(enumerate(rows), key=lambda ir: (ir[1]["created_at"], ir[0]))[1]["version"]
+    return _newest(store) or current_version(store)
 
 
 def _shard_state(store: FeatureStore, shards: Sequence[str]) -> list:
@@ -517,30 +517,6 @@ def _leakage_on(store: FeatureStore, version: str, dataset: str, shards: list[st
             "leakage_removed": leakage_removed_or_none(raw_c, anon_c, chance)}
 
 
-def budget_verdict(measure: dict, threshold: float) -> tuple[bool, str]:
-    """Does the measured leakage removal meet `threshold` on close-ups AND on action clips? (passed, reason)."""
-    parts = [(name, measure[name]) for name in ("closeups", "clips")
-             if isinstance(measure.get(name), dict) and "skipped" not in measure[name]]
-    if not parts:  # a measure of one dataset only
-        return _verdict_one(measure, threshold)
-    verdicts = [(name, *_verdict_one(m, threshold)) for name, m in parts]
-    ok = all(v[1] for v in verdicts)
-    why = "; ".join(f"{name}: {reason}" for name, _, reason in verdicts)
-    if isinstance(measure.get("clips"), dict) and "skipped" in measure["clips"]:
-        why += f"; action clips not measured ({measure['clips']['skipped']})"
-    return ok, why
-
-
-def _verdict_one(measure: dict, threshold: float) -> tuple[bool, str]:
-    lr = measure["leakage_removed"]
-    if lr is None:  # raw features do not leak above chance: pass only if the anonymized ones do not either
-        ok = measure["anonymized_cmap"] <= measure["chance_cmap"]
-        return ok, ("raw features are at chance; anonymized cMAP "
-                    f"{measure['anonymized_cmap']:.4f} {'<=' if ok else '>'} chance {measure['chance_cmap']:.4f}")
-    ok = lr >= threshold
-    return ok, f"leakage removed {lr:.3f} {'>=' if ok else '<'} budget {threshold:g}"
-
-
 def _is_oracle(store: FeatureStore, version: str) -> bool:
     try:
         return bool(store.fs.read_json(f"aam/{version}/adapter.json")["config"].get("oracle"))
@@ -548,8 +524,6 @@ def _is_oracle(store: FeatureStore, version: str) -> bool:
         return False
 
 
-PRIVACY_BUDGET_ENV = "SPLAVU_PRIVACY_BUDGET"
-DEFAULT_PRIVACY_BUDGET = 0.5
 
 
 def passes_privacy_budget(store: FeatureStore, version: str, threshold: float | None = None) -> tuple[bool, str]:
