@@ -182,9 +182,12 @@ def refresh_catalog_sensor(context: dg.SensorEvaluationContext):
 # ---------------------------------------------------------------- in-process (no daemon)
 
 def run_reanonymize(instance: dg.DagsterInstance, store: StoreResource, version: str = "",
-                    shard_keys: list[str] | None = None, retention: int = 0, catalog: bool = True) -> dict:
+                    shard_keys: list[str] | None = None, retention: int = 0, catalog: bool = True,
+                    gates: bool | None = None) -> dict:
     """Publish `shard_keys` (default: every registered shard with latents) with `version` (default newest),
-    one run per shard as the job does, then rebuild the catalog. Raises on the first failing shard."""
+    one run per shard as the job does, then rebuild the catalog. Raises on the first failing shard.
+    gates: run the blocking gate checks (privacy_budget, utility_budget) in every shard's run (True), in the last
+    one only (None, default: by then the version is complete), or never (False). out["checks"] holds their verdicts."""
     fs = store.store()
     version = resolve_version(fs, version)
     keys = shard_keys if shard_keys is not None else [s for s in registered_shards(fs) if fs.committed(s)]
@@ -192,12 +195,24 @@ def run_reanonymize(instance: dg.DagsterInstance, store: StoreResource, version:
     if set(keys) - have:
         instance.add_dynamic_partitions(shards.name, sorted(set(keys) - have))
     out = {"version": version, "shards": {}}
-    for key in keys:
-        res = dg.materialize([anonymized_features], instance=instance, partition_key=key,
+    from assets.evaluation import GATE_CHECKS
+
+    for i, key in enumerate(keys):
+        # the two blocking gates run as real asset checks in the shard's run (cached per version: measured once);
+        # a failed gate fails the run's check (red in the UI) but is a verdict, not an error of the shard
+        checks = GATE_CHECKS if (gates or gates is None and i == len(keys) - 1) else []
+        res = dg.materialize([anonymized_features, *checks], instance=instance, partition_key=key,
                              resources={"store": store}, run_config=quiet(anonymize_run_config(version, retention)),
-                             tags={"splavu/trigger": "cli", "splavu/aam_version": version})
-        out["shards"][key] = {k: v.value for k, v in res.asset_materializations_for_node("anonymized_features")[0]
-                              .metadata.items()}
+                             tags={"splavu/trigger": "cli", "splavu/aam_version": version}, raise_on_error=False)
+        mats = res.asset_materializations_for_node("anonymized_features")
+        if not mats:  # the shard itself failed: run it alone so that what the asset raised reaches the caller
+            dg.materialize([anonymized_features], instance=instance, partition_key=key, resources={"store": store},
+                           run_config=quiet(anonymize_run_config(version, retention)),
+                           tags={"splavu/trigger": "cli", "splavu/aam_version": version})
+            raise PublishError(f"publishing shard {key} with AAM {version} failed")
+        out["shards"][key] = {k: v.value for k, v in mats[0].metadata.items()}
+        for ev in res.get_asset_check_evaluations():
+            out.setdefault("checks", {})[ev.check_name] = {"passed": ev.passed, "description": ev.description}
     if catalog:
         res = dg.materialize([feature_catalog], instance=instance, resources={"store": store}, run_config=quiet(),
                              tags={"splavu/trigger": "cli"})

@@ -36,8 +36,8 @@ VERSIONS_SCHEMA = pa.schema([("version", pa.string()), ("encoder_fingerprint", p
 
 PRIVACY_BUDGET_ENV = "SPLAVU_PRIVACY_BUDGET"
 DEFAULT_PRIVACY_BUDGET = 0.5
-UTILITY_RETENTION_ENV = "SPLAVU_UTILITY_RETENTION"
-DEFAULT_UTILITY_RETENTION = 0.9   # share of the raw features' above-chance utility a seen task must keep
+UTILITY_GATE_ENV = "SPLAVU_UTILITY_GATE"
+DEFAULT_UTILITY_GATE = 0.9   # share of the raw features' above-chance utility a seen task must keep (<= 0: off)
 
 
 class PublishError(StoreError):
@@ -279,7 +279,7 @@ def privacy_threshold(threshold: float | None = None) -> float:
 
 
 def utility_fraction(fraction: float | None = None) -> float:
-    return float(os.environ.get(UTILITY_RETENTION_ENV, DEFAULT_UTILITY_RETENTION)) if fraction is None else float(fraction)
+    return float(os.environ.get(UTILITY_GATE_ENV, DEFAULT_UTILITY_GATE)) if fraction is None else float(fraction)
 
 
 def budget_verdict(measure: dict, threshold: float) -> tuple[bool, str]:
@@ -317,7 +317,10 @@ def utility_verdict(measures: dict[str, dict], fraction: float) -> tuple[bool, s
     measures: task -> {"raw", "anon", "chance", "retention", "retention_ci_high", "raw_ci_low", "skipped"?}.
     A task fails when the UPPER end of its retention interval is below `fraction` (a loss larger than the noise),
     or when its anonymized value is not above chance beyond its interval (a version at chance never passes).
-    A task whose raw features are not above chance has nothing to retain and is skipped (said so)."""
+    A task whose raw features are not above chance has nothing to retain and is skipped (said so).
+    fraction <= 0 turns the gate off (every task passes; said so)."""
+    if fraction <= 0:
+        return True, f"utility gate off (threshold {fraction:g})"
     parts, ok = [], True
     for task, m in measures.items():
         if m.get("skipped"):

@@ -289,7 +289,7 @@ def metrics_path(store: FeatureStore, feature_set: str, aam_version: str | None)
 
 
 def metrics_table(rows: Sequence[dict]) -> pa.Table:
-    return pa.Table.from_pylist([{k: r[k] for k in METRICS_SCHEMA.names} for r in rows], schema=METRICS_SCHEMA)
+    return pa.Table.from_pylist([{k: r.get(k) for k in METRICS_SCHEMA.names} for r in rows], schema=METRICS_SCHEMA)
 
 
 def write_metric_rows(store: FeatureStore, rows: Sequence[dict]) -> list[Path]:
@@ -305,7 +305,7 @@ def write_metric_rows(store: FeatureStore, rows: Sequence[dict]) -> list[Path]:
         for (feature_set, version), new in groups.items():
             key = metrics_key(feature_set, version)
             tasks = {r["task"] for r in new}
-            old = store.fs.read_parquet(key).to_pylist() if store.fs.isfile(key) else []
+            old = metrics_table(store.fs.read_parquet(key).to_pylist()).to_pylist() if store.fs.isfile(key) else []
             kept = [r for r in old if r["task"] not in tasks]
             store.fs.write_parquet(key, metrics_table(kept + list(new)))
             paths.append(store.loc(key))
@@ -317,15 +317,54 @@ def read_metric_rows(store: FeatureStore, feature_set: str, aam_version: str | N
     key = metrics_key(feature_set, aam_version)
     if not store.fs.isfile(key):
         return []
-    return [r for r in store.fs.read_parquet(key).to_pylist()
+    return [r for r in metrics_table(store.fs.read_parquet(key).to_pylist()).to_pylist()
             if r["feature_set"] == feature_set and r["aam_version"] == aam_version]
 
 
 # ---------------------------------------------------------------- the report
 
 def report_row(name: str, rows: Sequence[dict]) -> dict:
-    """One report row (REPORT_KEYS) from a feature set's metric rows; null for a metric never measured."""
-    return {"name": name, **{k: metric_value(rows, t, m) for k, (t, m) in REPORT_METRICS.items()}}
+    """One report row (REPORT_KEYS) from a feature set's metric rows; null for a metric never measured.
+    Rows scored with intervals (splavu_core.evaluation.scoring) add "intervals" {key: {value, sd, ci_low, ci_high,
+    chance, n_seeds, signal}} and, for a non-raw set, "changes" {key: paired difference vs raw with its interval}
+    plus "retention" / "leakage" intervals."""
+    out = {"name": name, **{k: metric_value(rows, t, m) for k, (t, m) in REPORT_METRICS.items()}}
+    iv, ch, extra = {}, {}, {}
+    for k, (t, m) in REPORT_METRICS.items():
+        r = _stat_row(rows, t, m)
+        if r is not None:
+            iv[k] = {**r, "signal": _signal(r, k)}
+        d = _stat_row(rows, t, f"delta_{m}")
+        if d is not None:
+            ch[k] = {**d, "real": d["ci_low"] > 0 or d["ci_high"] < 0}
+    for key, (t, m) in {"ar_retention": ("ar", "retention_top1"), "tad_retention": ("tad", "retention_mAP"),
+                        "ad_retention": ("ad", "retention_auc"), "leakage_removed": ("privacy", "leakage_removed"),
+                        "clip_leakage_removed": ("clip_privacy", "leakage_removed")}.items():
+        r = _stat_row(rows, t, m)
+        if r is not None:
+            extra[key] = r
+    if iv:
+        out["intervals"] = iv
+    if ch:
+        out["changes"] = ch
+    if extra:
+        out["derived_intervals"] = extra
+    return out
+
+
+STAT_KEYS = ("value", "sd", "ci_low", "ci_high", "chance", "n_seeds")
+
+
+def _stat_row(rows: Sequence[dict], task: str, metric: str) -> dict | None:
+    hits = [r for r in rows if r["task"] == task and r["metric"] == metric and r.get("ci_low") is not None]
+    return {k: hits[-1].get(k) for k in STAT_KEYS} if hits else None
+
+
+def _signal(stat: dict, key: str) -> bool | None:
+    """Is the metric beyond chance by more than its interval? None where no chance is defined (e.g. a gap)."""
+    if stat.get("chance") is None:
+        return None
+    return stat["ci_low"] > stat["chance"]
 
 
 def add_derived(raw_row: dict, row: dict) -> dict:
@@ -333,6 +372,8 @@ def add_derived(raw_row: dict, row: dict) -> dict:
     removed = {key: leakage_removed_or_none(raw_row.get(f"{task}_cmap"), row.get(f"{task}_cmap"),
                                             raw_row.get(f"{task}_chance_cmap"))
                for task, key in PRIVACY_TASKS.items()}
+    di = row.get("derived_intervals") or {}
+    removed = {k: (di[k]["value"] if k in di else v) for k, v in removed.items()}
     return {**row, **removed,
             "relative_change": {k: relative_change_or_none(raw_row.get(k), row.get(k)) for k in RELATIVE_KEYS}}
 
