@@ -35,7 +35,7 @@ VERSIONS_SCHEMA = pa.schema([("version", pa.string()), ("encoder_fingerprint", p
                              ("promotion", pa.string())])
 
 PRIVACY_BUDGET_ENV = "SPLAVU_PRIVACY_BUDGET"
-DEFAULT_PRIVACY_BUDGET = 0.5
+DEFAULT_PRIVACY_BUDGET = 0.5      # share of above-chance leakage to remove, on the CI's lower end (<= 0: off)
 UTILITY_GATE_ENV = "SPLAVU_UTILITY_GATE"
 DEFAULT_UTILITY_GATE = 0.9   # share of the raw features' above-chance utility a seen task must keep (<= 0: off)
 
@@ -299,6 +299,8 @@ def budget_verdict(measure: dict, threshold: float) -> tuple[bool, str]:
 
 def _verdict_one(measure: dict, threshold: float) -> tuple[bool, str]:
     lr = measure["leakage_removed"]
+    if threshold <= 0 and measure.get("leakage_removed_ci_low") is not None:  # no removal required: the gate is off
+        return True, f"privacy budget off (budget {threshold:g}; leakage removed {lr:.3f})"
     if lr is None:  # raw features do not leak above chance: pass only if the anonymized ones do not either
         ok = measure["anonymized_cmap"] <= measure["chance_cmap"]
         return ok, ("raw features are at chance; anonymized cMAP "

@@ -266,9 +266,11 @@ def _budget_reason(store: FeatureStore, version: str) -> str | None:
     from .ledger import budget_verdict, privacy_threshold, read_verdicts
 
     verdicts = read_verdicts(store, version)
-    failed = [f"{gate}: {v['why']}" for gate, v in verdicts.items() if not v.get("passed", True)]
+    label = {"privacy": "the privacy budget", "utility": "the utility gate"}
+    failed = [f"refused by {label.get(gate, gate)} ({v['why']})" for gate, v in verdicts.items()
+              if not v.get("passed", True)]
     if failed:
-        return f"refused by the gates ({'; '.join(failed)})"
+        return "; ".join(failed)
     if verdicts:
         return None
     try:  # a store gated before the ledger recorded verdicts: the cached privacy measurement

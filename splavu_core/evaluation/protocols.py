@@ -335,8 +335,19 @@ def privacy_attack(train: Videos, test: Videos, attributes: Sequence[str], seeds
         i = _sel(n, idx)
         return macro_f1(y_test[i], probs[s][i])
 
-    metrics = {"cmap": cm, "f1": f1}
-    chance = {"cmap": chance_cmap(y_test), "f1": None}
+    def branch_cmap(name):
+        def f(s, idx):
+            i = _sel(n, idx)
+            return cmap(y_test[i], branches[name][s][i])
+        return f
+
+    def chance_of(s, idx):
+        return chance_cmap(y_test[_sel(n, idx)])
+
+    metrics = {"cmap": cm, "f1": f1, "chance_cmap": chance_of,
+               **{f"cmap_{name}_branch": branch_cmap(name) for name in branches}}
+    chance = {"cmap": chance_cmap(y_test), "f1": None, "chance_cmap": None,
+              **{f"cmap_{name}_branch": chance_cmap(y_test) for name in branches}}
     return Scored("privacy", metrics, chance, len(seeds), n, [v.video_id for v in test],
                   higher_is_better={"cmap": True},
                   details={"branch": branch, "branch_cmap": mean_c, "attributes": list(attributes),
@@ -432,13 +443,23 @@ def temporal_detection(train: Videos, test: Videos, classes: Sequence[str], seed
     dets = [[[(a, e, classes[c], sc) for a, e, c, sc in dv] for dv in ds] for ds in dets]
     n = len(test)
 
-    def mAP(s, idx):
+    cache: dict = {}
+
+    def scores(s, idx):
         i = _sel(n, idx)
-        return tad_map({k: dets[s][j] for k, j in enumerate(i)}, {k: gts[j] for k, j in enumerate(i)}, tious)["mAP"]
+        key = (id(dets[s]), i.tobytes())  # seeds with the same detections share one evaluation
+        if key not in cache:
+            cache[key] = tad_map({k: dets[s][j] for k, j in enumerate(i)}, {k: gts[j] for k, j in enumerate(i)}, tious)
+        return cache[key]
+
+    def at(name):
+        return lambda s, idx: scores(s, idx)[name]
 
     shifts = [1, 2, 3] if n > 3 else [1]
     null = [tad_map({k: dets[0][(k + sh) % n] for k in range(n)}, {k: gts[k] for k in range(n)}, tious)["mAP"]
             for sh in shifts]
     same = all(d is dets[0] for d in dets[1:])
-    return Scored("tad", {"mAP": mAP}, {"mAP": float(np.mean(null))}, len(seeds), n, [v.video_id for v in test],
+    names = ["mAP"] + [f"mAP@{t:g}" for t in tious]
+    return Scored("tad", {m: at(m) for m in names}, {"mAP": float(np.mean(null)), **{m: None for m in names[1:]}},
+                  len(seeds), n, [v.video_id for v in test],
                   details={"tious": list(tious)}, same_outputs=same)

@@ -146,7 +146,7 @@ def scored_rows(sc: P.Scored, feature_set: str, aam_version: str | None, split: 
     n_seeds = min(ref.n_seeds, sc.n_seeds)
     same = ref.same_outputs and sc.same_outputs
     for m, fn in sc.metrics.items():
-        if m not in ref.metrics:
+        if m not in ref.metrics or m == "chance_cmap":
             continue
         d = stats.paired(ref.metrics[m], fn, n_seeds, sc.n_test, same=same)
         rows.append(_row(feature_set, aam_version, sc.task, f"delta_{m}", d, None, split, created_at))
@@ -202,7 +202,7 @@ def score_sets(sets: Mapping[str, Mapping[str, Sequence[VideoFeatures]]], which:
         for name in names:
             videos = list((sets[name] or {}).get(ds) or [])
             if not videos:
-                out.skipped[f"{name}:{task}"] = f"dataset {ds!r} is not in the store"
+                out.skipped[f"{name}:{task}" if name != reference else task] = f"dataset {ds!r} is not in the store"
                 continue
             sc, why = run_task(task, videos, split, seeds, kw, attrs)
             if sc is None:
