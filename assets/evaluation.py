@@ -169,6 +169,8 @@ EVAL_ASSETS = [action_recognition_eval, temporal_detection_eval, anomaly_detecti
 
 class ReportConfig(dg.Config):
     aam_version: str = Field(default="", description="AAM version reported (default: the current one)")
+    seed: int = Field(default=0, description="the base probe seed the *_eval assets used (recorded in the report)")
+    n_seeds: int = 5
 
 
 def png_markdown(png: bytes, alt: str = "trade-off") -> str:
@@ -197,6 +199,7 @@ def privacy_utility_report(context: dg.AssetExecutionContext, config: ReportConf
     from splavu_core.ledger import current_version as _current
 
     report["aam_version_is_current"] = version == _current(fs)
+    report["probe_seeds"] = list(range(config.seed, config.seed + config.n_seeds))
     report["costs"] = costs.compare(fs, version, eval_shards(fs, task_datasets(fs).values()),
                                     {n: baselines[n] for n in variants if n in baselines})
     paths = write_privacy_utility_report(fs, report)
@@ -372,8 +375,9 @@ def run_evaluation(store, config: dict | None = None, instance: dg.DagsterInstan
     <root>/reports/privacy_utility.{json,md,png} (splavu_core.evaluation.report.read_report)."""
     root = str(getattr(store, "root", store))
     ops = {a.node_def.name: {"config": dict(config or {})} for a in EVAL_ASSETS}
-    if config and config.get("aam_version"):
-        ops[privacy_utility_report.node_def.name] = {"config": {"aam_version": config["aam_version"]}}
+    rep = {k: config[k] for k in ("aam_version", "seed", "n_seeds") if config and config.get(k)}
+    if rep:
+        ops[privacy_utility_report.node_def.name] = {"config": rep}
     return dg.materialize([*EVAL_ASSETS, privacy_utility_report, utility_retention], instance=instance,
                           resources={"store": StoreResource(root=root)}, run_config=quiet({"ops": ops}),
                           tags={"splavu/entry": "cli"}, raise_on_error=raise_on_error)

@@ -201,8 +201,11 @@ def run_reanonymize(instance: dg.DagsterInstance, store: StoreResource, version:
         # the two blocking gates run as real asset checks in the shard's run (cached per version: measured once);
         # a failed gate fails the run's check (red in the UI) but is a verdict, not an error of the shard
         checks = GATE_CHECKS if (gates or gates is None and i == len(keys) - 1) else []
+        rc = quiet(anonymize_run_config(version, retention))
+        if checks and "SPLAVU_LOG_LEVEL" not in os.environ:  # a refused gate is a verdict (printed by the CLI),
+            rc["loggers"]["console"]["config"]["log_level"] = "CRITICAL"  # not an error trace on the terminal
         res = dg.materialize([anonymized_features, *checks], instance=instance, partition_key=key,
-                             resources={"store": store}, run_config=quiet(anonymize_run_config(version, retention)),
+                             resources={"store": store}, run_config=rc,
                              tags={"splavu/trigger": "cli", "splavu/aam_version": version}, raise_on_error=False)
         mats = res.asset_materializations_for_node("anonymized_features")
         if not mats:  # the shard itself failed: run it alone so that what the asset raised reaches the caller

@@ -210,7 +210,9 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
 
     # the report: exact schema, numbers from the rows, Markdown with relative changes, PNG
     report = json.loads((root / "reports" / "privacy_utility.json").read_text())
-    assert set(report) == {"encoder_fingerprint", "aam_version", "rows", "costs", "aam_version_is_current"}
+    assert set(report) == {"encoder_fingerprint", "aam_version", "rows", "costs", "aam_version_is_current",
+                           "probe_seeds"}
+    assert report["probe_seeds"] == [0, 1, 2, 3, 4]
     assert report["aam_version_is_current"] is True
     # the fixtures ran no asset, so no step recorded its cost: said, never made up
     assert report["costs"]["splavu"]["produce_seconds"] is None and report["costs"]["splavu"]["missing"]

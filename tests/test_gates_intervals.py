@@ -242,3 +242,20 @@ def test_cli_promote_force_reason_and_rollback(gated_store, capsys):
     assert main(["--store", root, "rollback"]) == 0
     assert ledger.current_version(store) == gentle and f"was {eraser}" in capsys.readouterr().out
     assert [e["action"] for e in ledger.ledger_log(store)][-2:] == ["force-promote", "rollback"]
+
+
+def test_cli_evaluate_scores_the_current_version_with_the_given_seeds(gated_store, capsys):
+    from pipeline.cli import main
+
+    store = gated_store
+    gentle = save_version(store, "gentle")
+    _publish(store, gentle)
+    capsys.readouterr()
+    assert main(["--store", str(store.root), "evaluate", "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    assert f"scoring AAM version {gentle}: the current version; probe seeds 3..7" in out
+    report = store.fs.read_json("reports/privacy_utility.json")
+    assert report["aam_version"] == gentle and report["aam_version_is_current"] and report["probe_seeds"] == [3, 4, 5, 6, 7]
+    raw = report["rows"][0]["intervals"]
+    assert raw["ar_top1"]["n_seeds"] == 5 and raw["ar_top1"]["chance"] == pytest.approx(1 / 3)
+    assert "| chance |" in out and "95% interval" in out

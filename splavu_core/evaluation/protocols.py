@@ -54,6 +54,7 @@ class Scored:
     higher_is_better: dict[str, bool] = field(default_factory=dict)
     details: dict = field(default_factory=dict)
     same_outputs: bool = False            # every seed gave the same test outputs (a convex probe): bootstrap once
+    seed_only: tuple = ()                 # metrics whose interval is the seeds' alone (diagnostics: no bootstrap)
 
 
 def seeds_from(base_seed: int = 0, n_seeds: int = N_SEEDS) -> list[int]:
@@ -333,7 +334,7 @@ def privacy_attack(train: Videos, test: Videos, attributes: Sequence[str], seeds
 
     def f1(s, idx):
         i = _sel(n, idx)
-        return macro_f1(y_test[i], probs[s][i])
+        return _macro_f1(y_test[i], probs[s][i])
 
     def branch_cmap(name):
         def f(s, idx):
@@ -349,9 +350,19 @@ def privacy_attack(train: Videos, test: Videos, attributes: Sequence[str], seeds
     chance = {"cmap": chance_cmap(y_test), "f1": None, "chance_cmap": None,
               **{f"cmap_{name}_branch": chance_cmap(y_test) for name in branches}}
     return Scored("privacy", metrics, chance, len(seeds), n, [v.video_id for v in test],
-                  higher_is_better={"cmap": True},
+                  higher_is_better={"cmap": True}, seed_only=("chance_cmap", *(f"cmap_{b}_branch" for b in branches)),
                   details={"branch": branch, "branch_cmap": mean_c, "attributes": list(attributes),
                            "chance_fn": lambda idx: chance_cmap(y_test[_sel(n, idx)])})
+
+
+def _macro_f1(y: np.ndarray, probs: np.ndarray, threshold: float = 0.5) -> float:
+    """Macro-F1 over attributes at `threshold` (sklearn's f1_score(average='macro', zero_division=0), in numpy:
+    the bootstrap calls it thousands of times)."""
+    pred = probs >= threshold
+    y = y.astype(bool)
+    tp = (pred & y).sum(0)
+    denom = pred.sum(0) + y.sum(0)
+    return float(np.mean(np.where(denom > 0, 2 * tp / np.maximum(denom, 1), 0.0)))
 
 
 # ---------------------------------------------------------------- gait

@@ -137,7 +137,7 @@ def scored_rows(sc: P.Scored, feature_set: str, aam_version: str | None, split: 
     """Rows of one Scored (and, given the reference set's Scored on the same videos, its paired changes)."""
     rows = []
     for m, fn in sc.metrics.items():
-        st = stats.interval(fn, sc.n_seeds, sc.n_test, same=sc.same_outputs)
+        st = stats.interval(fn, sc.n_seeds, None if m in sc.seed_only else sc.n_test, same=sc.same_outputs)
         st = {**st, "ci_low": max(0.0, st["ci_low"]), "ci_high": min(1.0, st["ci_high"])}  # every base metric is in [0, 1]
         rows.append(_row(feature_set, aam_version, sc.task, m, st, sc.chance.get(m), split, created_at))
     if ref is None:
@@ -146,7 +146,7 @@ def scored_rows(sc: P.Scored, feature_set: str, aam_version: str | None, split: 
     n_seeds = min(ref.n_seeds, sc.n_seeds)
     same = ref.same_outputs and sc.same_outputs
     for m, fn in sc.metrics.items():
-        if m not in ref.metrics or m == "chance_cmap":
+        if m not in ref.metrics or m in sc.seed_only:
             continue
         d = stats.paired(ref.metrics[m], fn, n_seeds, sc.n_test, same=same)
         rows.append(_row(feature_set, aam_version, sc.task, f"delta_{m}", d, None, split, created_at))
