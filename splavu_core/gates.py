@@ -152,8 +152,9 @@ def measure_gates(store: FeatureStore, version: str, base_seed: int = 0, n_seeds
                          "retention": ret["value"], "retention_ci_low": ret["ci_low"],
                          "retention_ci_high": ret["ci_high"], "no_signal": not r["ci_low"] > r["chance"],
                          "anon_at_chance": not a["ci_low"] > r["chance"]}
+    scored = {task: by_set["raw"].test_ids for task, by_set in res.scored.items() if "raw" in by_set}
     measure = {"version": version, "split": "val", "seeds": seeds, "privacy": privacy, "utility": utility,
-               "seen_tasks": seen, "source": source, "rows": rows}
+               "seen_tasks": seen, "source": source, "rows": rows, "scored_videos": scored}
     store.fs.write_json(cache, json.loads(json.dumps({"key": key, "measure": measure,
                                                       "created_at": datetime.now(timezone.utc).isoformat()},
                                                      default=str)))

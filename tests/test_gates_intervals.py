@@ -193,6 +193,12 @@ def test_publish_never_makes_current_a_version_with_ar_at_chance(gated_store):
     # videos never appear among the videos it scored
     m = store.fs.read_json(f"reports/gates/{eraser}.json")["measure"]
     assert m["split"] == "val" and {r["split"] for r in m["rows"]} == {"val"}
+    test_ids = {r["video_id"] for s in store.committed_shards() for r in store.read_shard_manifest(s).to_pylist()
+                if r["split"] == "test"}
+    assert set(m["scored_videos"]) == {"ar", "privacy", "clip_privacy"}
+    for task, ids in m["scored_videos"].items():
+        assert ids and not set(ids) & test_ids, task     # the gate never scores a video the report scores
+    assert {i for i in m["scored_videos"]["ar"]} == {f"ar_val_{i:03d}" for i in range(30)}  # AR's own val split
 
     gentle = save_version(store, "gentle")
     _publish(store, gentle)
@@ -259,3 +265,20 @@ def test_cli_evaluate_scores_the_current_version_with_the_given_seeds(gated_stor
     raw = report["rows"][0]["intervals"]
     assert raw["ar_top1"]["n_seeds"] == 5 and raw["ar_top1"]["chance"] == pytest.approx(1 / 3)
     assert "| chance |" in out and "95% interval" in out
+
+
+def test_score_features_scores_a_candidate_transform_on_validation(gated_store):
+    from splavu_core.evaluation.scoring import score_features
+
+    store = gated_store
+    keep_noise = lambda x: np.concatenate([np.zeros_like(x[:, :-1]), x[:, -1:]], axis=1)  # noqa: E731  AR at chance
+    rows = score_features(store, keep_noise, split="val", seeds=range(5), which=("ar", "privacy"))
+    by = {(r["feature_set"], r["task"], r["metric"]): r for r in rows}
+    assert {r["split"] for r in rows} == {"val"} and {r["n_seeds"] for r in rows if r["task"] == "ar"} == {5}
+    raw, cand = by[("raw", "ar", "top1")], by[("candidate", "ar", "top1")]
+    assert raw["ci_low"] > raw["chance"] and cand["ci_low"] <= cand["chance"]   # the candidate lost every action
+    d = by[("candidate", "ar", "delta_top1")]
+    assert d["ci_high"] < 0 and d["value"] == pytest.approx(cand["value"] - raw["value"])
+    assert by[("candidate", "ar", "retention_top1")]["ci_low"] < 0.5
+    lr = by[("candidate", "privacy", "leakage_removed")]
+    assert lr["ci_low"] <= lr["value"] <= lr["ci_high"] and lr["ci_high"] > 0.5  # consistent with removing it all (16 val videos)
