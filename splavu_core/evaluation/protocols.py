@@ -55,6 +55,7 @@ class Scored:
     details: dict = field(default_factory=dict)
     same_outputs: bool = False            # every seed gave the same test outputs (a convex probe): bootstrap once
     seed_only: tuple = ()                 # metrics whose interval is the seeds' alone (diagnostics: no bootstrap)
+    n_boot: int = 200                     # bootstrap resamples of the test videos
 
 
 def seeds_from(base_seed: int = 0, n_seeds: int = N_SEEDS) -> list[int]:
@@ -473,4 +474,4 @@ def temporal_detection(train: Videos, test: Videos, classes: Sequence[str], seed
     names = ["mAP"] + [f"mAP@{t:g}" for t in tious]
     return Scored("tad", {m: at(m) for m in names}, {"mAP": float(np.mean(null)), **{m: None for m in names[1:]}},
                   len(seeds), n, [v.video_id for v in test],
-                  details={"tious": list(tious)}, same_outputs=same)
+                  details={"tious": list(tious)}, same_outputs=same, n_boot=100)  # mAP is costly to re-score

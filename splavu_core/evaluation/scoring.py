@@ -137,7 +137,7 @@ def scored_rows(sc: P.Scored, feature_set: str, aam_version: str | None, split: 
     """Rows of one Scored (and, given the reference set's Scored on the same videos, its paired changes)."""
     rows = []
     for m, fn in sc.metrics.items():
-        st = stats.interval(fn, sc.n_seeds, None if m in sc.seed_only else sc.n_test, same=sc.same_outputs)
+        st = stats.interval(fn, sc.n_seeds, None if m in sc.seed_only else sc.n_test, sc.n_boot, same=sc.same_outputs)
         st = {**st, "ci_low": max(0.0, st["ci_low"]), "ci_high": min(1.0, st["ci_high"])}  # every base metric is in [0, 1]
         rows.append(_row(feature_set, aam_version, sc.task, m, st, sc.chance.get(m), split, created_at))
     if ref is None:
@@ -148,24 +148,24 @@ def scored_rows(sc: P.Scored, feature_set: str, aam_version: str | None, split: 
     for m, fn in sc.metrics.items():
         if m not in ref.metrics or m in sc.seed_only:
             continue
-        d = stats.paired(ref.metrics[m], fn, n_seeds, sc.n_test, same=same)
+        d = stats.paired(ref.metrics[m], fn, n_seeds, sc.n_test, sc.n_boot, same=same)
         rows.append(_row(feature_set, aam_version, sc.task, f"delta_{m}", d, None, split, created_at))
     chance_of = ref.chance
     if sc.task in ("privacy", "clip_privacy"):
-        r = _ratio(ref.metrics["cmap"], sc.metrics["cmap"], n_seeds, sc.n_test, chance_of["cmap"], same)
+        r = _ratio(ref.metrics["cmap"], sc.metrics["cmap"], n_seeds, sc.n_test, chance_of["cmap"], same, sc.n_boot)
         lr = {**r, "value": 1 - r["value"], "ci_low": 1 - r["ci_high"], "ci_high": 1 - r["ci_low"]}
         rows.append(_row(feature_set, aam_version, sc.task, "leakage_removed", lr, None, split, created_at))
     elif sc.task in UTILITY:
         m = UTILITY[sc.task]
-        r = _ratio(ref.metrics[m], sc.metrics[m], n_seeds, sc.n_test, chance_of[m], same)
+        r = _ratio(ref.metrics[m], sc.metrics[m], n_seeds, sc.n_test, chance_of[m], same, sc.n_boot)
         rows.append(_row(feature_set, aam_version, sc.task, f"retention_{m}", r, None, split, created_at))
     return rows
 
 
-def _ratio(ref_fn, fn, n_seeds, n_test, chance, same=False) -> dict:
+def _ratio(ref_fn, fn, n_seeds, n_test, chance, same=False, n_boot=stats.N_BOOT) -> dict:
     """(set − chance) / (ref − chance): the value is the ratio of the seed means (what the table shows), the
     interval's half-width that of the paired per-seed, per-resample ratio."""
-    r = stats.ratio_interval(ref_fn, fn, n_seeds, n_test, offset=chance, same=same)
+    r = stats.ratio_interval(ref_fn, fn, n_seeds, n_test, offset=chance, n_boot=n_boot, same=same)
     a = np.mean([ref_fn(s, None) for s in range(n_seeds)]) - chance
     b = np.mean([fn(s, None) for s in range(n_seeds)]) - chance
     value = float(b / a) if a > 0 else float("nan")
