@@ -106,7 +106,7 @@ def measure_gates(store: FeatureStore, version: str, base_seed: int = 0, n_seeds
     seeds = list(range(base_seed, base_seed + n_seeds))
     shard_state = {t: _shard_state(store, _raw_shards(store, ds[t])) for t in which}
     key = _key({"version": version, "shards": shard_state, "seeds": seeds, "probe": probe_kwargs or {},
-                "datasets": {t: ds[t] for t in which}, "fingerprint": store.encoder_fingerprint(), "protocol": 1})
+                "datasets": {t: ds[t] for t in which}, "fingerprint": store.encoder_fingerprint(), "protocol": 2})
     cache = f"reports/gates/{version}.json"
     if use_cache and store.fs.isfile(cache):
         hit = store.fs.read_json(cache)
