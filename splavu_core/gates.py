@@ -87,7 +87,8 @@ def anonymized_for(store: FeatureStore, version: str, dataset: str, raw_videos):
 
 
 def measure_gates(store: FeatureStore, version: str, base_seed: int = 0, n_seeds: int = GATE_SEEDS,
-                  probe_kwargs: dict | None = None, use_cache: bool = True, datasets: dict | None = None) -> dict:
+                  probe_kwargs: dict | None = None, use_cache: bool = True, datasets: dict | None = None,
+                  utility: bool = True) -> dict:
     """Score raw vs `version` on the validation splits of the privacy sets and the seen tasks.
 
     Returns {"version", "split": "val", "seeds", "privacy": {"closeups": m, "clips": m | {"skipped"}},
@@ -101,7 +102,7 @@ def measure_gates(store: FeatureStore, version: str, base_seed: int = 0, n_seeds
     ds = task_datasets(store, {k: v for k, v in (datasets or {}).items() if v and v != "none"})
     if (datasets or {}).get("clip_privacy") == "none":
         ds["clip_privacy"] = None
-    seen = seen_tasks(store, version)
+    seen = seen_tasks(store, version) if utility else []  # utility=False: the utility gate is off, not measured
     which = [t for t in (*PRIVACY_TASKS, *seen) if ds.get(t) and _raw_shards(store, ds[t])]
     seeds = list(range(base_seed, base_seed + n_seeds))
     shard_state = {t: _shard_state(store, _raw_shards(store, ds[t])) for t in which}
@@ -180,7 +181,7 @@ def evaluate_gates(store: FeatureStore, version: str, privacy_threshold: float |
         out = {"privacy": (False, why), "utility": (False, why), "measure": None}
     else:
         try:
-            m = measure_gates(store, version, **kw)
+            m = measure_gates(store, version, utility=uf > 0, **kw)
             out = {"privacy": ledger.budget_verdict(privacy_measure_view(m), pt),
                    "utility": ledger.utility_verdict(m["utility"], uf), "measure": m}
         except Exception as e:  # cannot measure -> cannot vouch for the version: fail closed
