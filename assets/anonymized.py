@@ -10,6 +10,8 @@ aam_versions.parquet (by created_at). Sensors and the schedule always pin it in 
 
 When a version becomes current: as soon as every registered shard has a complete table for it,
 provided it is newer than the current version and was never made current automatically before.
+A version becomes current only when both gates pass (splavu_core.gates: privacy budget and utility of
+every seen task, on validation splits); `splavu promote` / `splavu rollback` switch by hand.
 So a manual rollback (publish.set_current to an older version) stands: publishing the newer
 version for a new shard later does not silently undo it. Use set_current to switch explicitly.
 """
@@ -22,10 +24,11 @@ from pydantic import Field
 from pipeline.partitions import shards
 from pipeline.resources import StoreResource
 from splavu_core import costs
-from splavu_core.publish import (PROMOTIONS_FILE, PublishError, anonymize_shard, apply_retention, current_version,
+from splavu_core.ledger import clear_refusal, log_auto_promotion
+from splavu_core.publish import (PublishError, anonymize_shard, apply_retention, current_version,
                                  promoted_versions, published_rows, published_shards, read_versions, record_refusal,
                                  set_current, versions_path)
-from splavu_core.evaluation.suite import passes_privacy_budget
+from splavu_core.gates import passes_gates
 from splavu_core.registry import registered
 from splavu_core.store import FeatureStore
 
@@ -120,13 +123,15 @@ def maybe_promote(store: FeatureStore, version: str) -> tuple[bool, str]:
                            f"since: use publish.set_current to switch back")
         if _created(store, version) < _created(store, cur):
             return False, f"complete, but older than the current version {cur}: use publish.set_current to roll back"
-        ok, why = passes_privacy_budget(store, version)  # the privacy gate guards promotion, not just this run
+        # both gates (privacy budget AND utility of every seen task, on validation splits) guard promotion;
+        # the asset checks privacy_budget / utility_budget report the same recorded verdicts in the UI
+        ok, why = passes_gates(store, version)
         if not ok:
             record_refusal(store, version, why)  # analysts are told why their table is empty (catalog.empty_reason)
             return False, f"complete, but not made current: {why}"
-        set_current(store, version)
-        done[version] = datetime.now(timezone.utc).isoformat()
-        store.fs.write_json(PROMOTIONS_FILE, done)
+        set_current(store, version, promotion="gate")
+        clear_refusal(store, version)
+        log_auto_promotion(store, version, cur, why)
         return True, f"all {len(todo)} registered shards published: now current (was {cur})"
 
 

@@ -20,10 +20,13 @@ from pydantic import Field
 
 from pipeline.resources import StoreResource
 from splavu_core.evaluation.report import read_report, report_markdown, write_privacy_utility_report
-from splavu_core.evaluation.suite import (DEFAULT_DATASETS, RAW, UTILITY_KEYS, build_report, budget_verdict,
-                                          derived_rows, evaluate_feature_set, load_feature_sets, metric_value,
-                                          newest_version, privacy_budget_measure, read_metric_rows, write_metric_rows)
+from splavu_core.evaluation.scoring import score_sets
+from splavu_core.evaluation.suite import (DEFAULT_DATASETS, RAW, UTILITY_KEYS, build_report, load_feature_sets,
+                                          newest_version, read_metric_rows, write_metric_rows)
 from splavu_core.evaluation.suite import DEFAULT_PRIVACY_BUDGET, PRIVACY_BUDGET_ENV
+from splavu_core.gates import evaluate_gates, privacy_measure_view
+from splavu_core.ledger import (DEFAULT_UTILITY_GATE, UTILITY_GATE_ENV, privacy_threshold, record_verdict,
+                                utility_fraction)
 from splavu_core.evaluation.suite import utility_retention as retention_per_metric
 from splavu_core import costs
 from splavu_core.baselines import eval_shards, existing_baselines, stale_shards
@@ -63,17 +66,17 @@ class ProbeSettings(dg.Config):
         return task_datasets(store, given)
 
     def probe_kwargs(self, seed: int | None = None) -> dict[str, dict]:
-        extra = {} if seed is None else {"seed": seed}
-        epochs = {"ar": self.ar_epochs, "bias": self.ar_epochs, "tad": self.tad_epochs, "ad": self.ad_epochs,
-                  "privacy": self.privacy_epochs}
-        return {task: {"epochs": n, **extra} for task, n in epochs.items()}
+        """The attacker's epochs (the AR / AD / TAD probes are convex and fitted to convergence by L-BFGS, so
+        ar_epochs / tad_epochs / ad_epochs no longer apply; kept so that old run configs still validate)."""
+        return {"privacy": {"epochs": self.privacy_epochs}}
 
 
 class EvalConfig(ProbeSettings):
     """Which features to score; datasets and probe lengths come from ProbeSettings."""
 
     aam_version: str = Field(default="", description="AAM version of the 'splavu' set (default: the current one)")
-    seed: int = 0
+    seed: int = Field(default=0, description="base probe seed: probes use seeds seed .. seed+n_seeds-1")
+    n_seeds: int = Field(default=5, description="probe seeds per metric (>= 5 for the report's intervals)")
 
 
 def _version(fs, requested: str) -> str:
@@ -85,44 +88,40 @@ def _version(fs, requested: str) -> str:
 
 
 def evaluate_tasks(context, store: StoreResource, config: EvalConfig, tasks: tuple[str, ...]) -> dg.MaterializeResult:
-    """Score `tasks` on raw and on the anonymized features of the (current) version; write the metric rows."""
+    """Score `tasks` on raw, on the anonymized features of the (current) version and on every pixel baseline, with
+    n_seeds probe seeds (config.seed, +1, ...) and a bootstrap over the test videos; paired changes against raw.
+    Writes the metric rows (value, sd, ci_low, ci_high, chance, n_seeds)."""
     fs = store.store()
     version = _version(fs, config.aam_version)
-    datasets, kw = config.datasets(fs), config.probe_kwargs(config.seed)
-    raw = load_feature_sets(fs, tasks, "raw", datasets=datasets)
-    anon = load_feature_sets(fs, tasks, "anonymized", version=version, datasets=datasets)
-    log = context.log.info
-    raw_rows = evaluate_feature_set(raw, RAW, None, which=tasks, datasets=datasets, probe_kwargs=kw, log=log)
-    attrs = raw_rows.details.get("privacy", {}).get("attributes")
-    anon_rows = evaluate_feature_set(anon, SPLAVU, version, which=tasks, datasets=datasets, probe_kwargs=kw,
-                                     attributes=attrs, log=log)
-    extra = derived_rows(raw_rows, anon_rows)
-    rows = list(raw_rows) + list(anon_rows) + extra
-    baseline_rows = {}
+    datasets, kw = config.datasets(fs), config.probe_kwargs()
+    seeds = list(range(config.seed, config.seed + config.n_seeds))
+    sets = {RAW: load_feature_sets(fs, tasks, "raw", datasets=datasets),
+            SPLAVU: load_feature_sets(fs, tasks, "anonymized", version=version, datasets=datasets)}
     for name, bfs in existing_baselines(fs).items():  # pixel baselines: same probes on their own stores
         stale = stale_shards(fs, bfs, [datasets[t] for t in tasks])
         if stale:
             context.log.warning(f"{name}: not scored: shards {stale} are missing or were extracted from other "
                                 f"manifests than the raw store's (materialise pixel_baseline_latents)")
             continue
-        feats = load_feature_sets(bfs, tasks, "raw", datasets=datasets)
-        b = evaluate_feature_set(feats, name, None, which=tasks, datasets=datasets, probe_kwargs=kw,
-                                 attributes=attrs, log=log)
-        baseline_rows[name] = b
-        rows += list(b) + derived_rows(raw_rows, b)
+        sets[name] = load_feature_sets(bfs, tasks, "raw", datasets=datasets)
+    res = score_sets(sets, tasks, datasets, split="test", seeds=seeds, probe_kwargs=kw,
+                     versions={SPLAVU: version}, log=context.log.info)
+    rows = list(res)
     paths = write_metric_rows(fs, rows) if rows else []
-    md = {"aam_version": version, "rows": len(rows), "paths": dg.MetadataValue.json([str(p) for p in paths]),
-          "skipped": dg.MetadataValue.json({**raw_rows.skipped, **{f"{SPLAVU}:{k}": v for k, v in anon_rows.skipped.items()}})}
+    md = {"aam_version": version, "rows": len(rows), "seeds": dg.MetadataValue.json(seeds),
+          "paths": dg.MetadataValue.json([str(p) for p in paths]), "skipped": dg.MetadataValue.json(res.skipped)}
     for r in rows:  # flat floats: Dagster plots them across materialisations
         md[f"{r['feature_set']}/{r['task']}/{r['metric']}"] = dg.MetadataValue.float(float(r["value"]))
-    others = {SPLAVU: anon_rows, **baseline_rows}
-    table = ["| task | metric | raw | " + " | ".join(others) + " |", "|---|---|---:|" + "---:|" * len(others)]
-    for r in raw_rows:
-        vals = [metric_value(o, r["task"], r["metric"]) for o in others.values()]
-        table.append(f"| {r['task']} | {r['metric']} | {r['value']:.4f} | "
-                     + " | ".join("—" if a is None else f"{a:.4f}" for a in vals) + " |")
-    for r in extra:
-        table.append(f"| {r['task']} | {r['metric']} | | {r['value']:.4f} |")
+    others = [n for n in sets if n != RAW]
+    table = ["| task | metric | chance | raw | " + " | ".join(others) + " |", "|---|---|---:|---:|" + "---:|" * len(others)]
+    by = {(r["feature_set"], r["task"], r["metric"]): r for r in rows}
+    fmt = lambda r: "—" if r is None else f"{r['value']:.4f} [{r['ci_low']:.4f}, {r['ci_high']:.4f}]"  # noqa: E731
+    for r in rows:
+        if r["feature_set"] != RAW:
+            continue
+        ch = "—" if r["chance"] is None else f"{r['chance']:.4f}"
+        table.append(f"| {r['task']} | {r['metric']} | {ch} | {fmt(r)} | "
+                     + " | ".join(fmt(by.get((o, r["task"], r["metric"]))) for o in others) + " |")
     md["table"] = dg.MetadataValue.md("\n".join(table))
     return dg.MaterializeResult(metadata=md)
 
@@ -168,6 +167,8 @@ EVAL_ASSETS = [action_recognition_eval, temporal_detection_eval, anomaly_detecti
 
 class ReportConfig(dg.Config):
     aam_version: str = Field(default="", description="AAM version reported (default: the current one)")
+    seed: int = Field(default=0, description="the base probe seed the *_eval assets used (recorded in the report)")
+    n_seeds: int = 5
 
 
 def png_markdown(png: bytes, alt: str = "trade-off") -> str:
@@ -193,6 +194,10 @@ def privacy_utility_report(context: dg.AssetExecutionContext, config: ReportConf
         else:
             context.log.warning(f"{name}: its store has latents but no metric rows: materialise the *_eval assets")
     report = build_report(fs.encoder_fingerprint(), version, raw_rows, variants)
+    from splavu_core.ledger import current_version as _current
+
+    report["aam_version_is_current"] = version == _current(fs)
+    report["probe_seeds"] = list(range(config.seed, config.seed + config.n_seeds))
     report["costs"] = costs.compare(fs, version, eval_shards(fs, task_datasets(fs).values()),
                                     {n: baselines[n] for n in variants if n in baselines})
     paths = write_privacy_utility_report(fs, report)
@@ -210,20 +215,37 @@ def privacy_utility_report(context: dg.AssetExecutionContext, config: ReportConf
 
 # ---------------------------------------------------------------- gates
 
-class PrivacyBudgetConfig(dg.Config):
-    threshold: float | None = Field(default=None, description=f"share of above-chance leakage that must be removed "
-                                    f"(default ${PRIVACY_BUDGET_ENV} or {DEFAULT_PRIVACY_BUDGET})")
-    aam_version: str = Field(default="", description="version to gate (default: the newest recorded, else current)")
-    dataset: str = Field(default="", description="default: the dataset registered with role privacy")
-    clip_dataset: str = Field(default="", description="action clips also attacked (train actors -> test actors) when "
-                              "they carry attr_* labels; the gate takes the weaker removal. Default: the AR dataset; "
-                              "'none' = close-ups only")
-    epochs: int = 100
+class GateConfig(dg.Config):
+    """Shared by the two blocking gates; both read the same cached validation measurement (splavu_core.gates)."""
+
+    aam_version: str = Field(default="", description="version to gate (default: the one anonymized_features just "
+                             "published, else the newest recorded)")
+    dataset: str = Field(default="", description="privacy close-ups (default: the dataset registered with role privacy)")
+    clip_dataset: str = Field(default="", description="action clips also attacked (default: the AR dataset; 'none' = "
+                              "close-ups only); the gate takes the weaker removal")
+    epochs: int = Field(default=0, description="privacy attacker epochs (0: the protocol's default, 100)")
+    seed: int = Field(default=0, description="base probe seed (seeds seed .. seed+4)")
+
+    def gate_kwargs(self) -> dict:
+        kw = {"base_seed": self.seed, "datasets": {"privacy": self.dataset, "clip_privacy": self.clip_dataset}}
+        if self.epochs:
+            kw["probe_kwargs"] = {"privacy": {"epochs": self.epochs}}
+        return kw
+
+
+class PrivacyBudgetConfig(GateConfig):
+    threshold: float | None = Field(default=None, description=f"share of above-chance leakage that must be removed, "
+                                    f"on the lower end of its 95% interval (default ${PRIVACY_BUDGET_ENV} or "
+                                    f"{DEFAULT_PRIVACY_BUDGET})")
 
     def resolved_threshold(self) -> float:
-        if self.threshold is not None:
-            return float(self.threshold)
-        return float(os.environ.get(PRIVACY_BUDGET_ENV, DEFAULT_PRIVACY_BUDGET))
+        return privacy_threshold(self.threshold)
+
+
+class UtilityBudgetConfig(GateConfig):
+    fraction: float | None = Field(default=None, description=f"share of the raw features' above-chance utility every "
+                                   f"seen task must keep (fails when the upper end of its 95% interval is below; "
+                                   f"default ${UTILITY_GATE_ENV} or {DEFAULT_UTILITY_GATE}; <= 0: off)")
 
 
 def published_version(context) -> str | None:
@@ -239,40 +261,69 @@ def published_version(context) -> str | None:
     return None
 
 
-@dg.asset_check(asset=ANONYMIZED, blocking=True,
-                description="Blocks publication unless the anonymized features of the version being published remove "
-                            "at least the budgeted share of above-chance privacy leakage, (raw − anon) / (raw − chance), "
-                            "against the stronger of the raw and standardised attackers.")
-def privacy_budget(context: dg.AssetCheckExecutionContext, config: PrivacyBudgetConfig,
-                   store: StoreResource) -> dg.AssetCheckResult:
+def _gate(context, config: GateConfig, store: StoreResource, gate: str, **thresholds):
+    """Evaluate both gates (cached measurement), record `gate`'s verdict in the ledger; (version, passed, why, out)."""
     fs = store.store()
-    threshold = config.resolved_threshold()
     version = config.aam_version or published_version(context) or newest_version(fs)
     if not version:
-        return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.ERROR,
-                                   description=f"no AAM version recorded in {fs.root}", metadata={"threshold": threshold})
-    try:
-        roles = task_datasets(fs)
-        clips = None if config.clip_dataset == "none" else config.clip_dataset or roles["clip_privacy"]
-        m = privacy_budget_measure(fs, version, dataset=config.dataset or roles["privacy"],
-                                   probe_kwargs={"epochs": config.epochs}, clip_dataset=clips)
-    except Exception as e:  # cannot measure -> cannot vouch for the table: fail closed
-        return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.ERROR,
-                                   description=f"leakage of version {version} could not be measured: {e}",
-                                   metadata={"aam_version": version, "threshold": threshold, "error": str(e)})
-    passed, why = budget_verdict(m, threshold)
-    context.log.info(f"privacy_budget {version}: {why}")
-    md = {"aam_version": version, "threshold": threshold, "raw_cmap": m["raw_cmap"],
-          "anonymized_cmap": m["anonymized_cmap"], "chance_cmap": m["chance_cmap"],
-          "leakage_removed": m["leakage_removed"] if m["leakage_removed"] is not None else float("nan"),
-          "features": m["source"], "cached": m["cached"], "attributes": dg.MetadataValue.json(m["attributes"]),
-          "weaker": m["weaker"]}
-    for name, key in (("closeups", "closeup_leakage_removed"), ("clips", "clip_leakage_removed")):
-        part = m[name]
-        if "skipped" in part:
-            md[f"{name}_skipped"] = part["skipped"]
-        elif part["leakage_removed"] is not None:
-            md[key] = part["leakage_removed"]
+        return None, False, f"no AAM version recorded in {fs.root}", None
+    out = evaluate_gates(fs, version, record=False, **thresholds, **config.gate_kwargs())
+    passed, why = out[gate]
+    record_verdict(fs, version, gate, passed, why, split="val", **thresholds)
+    context.log.info(f"{gate} gate on {version} (validation splits): {'passed' if passed else 'FAILED'}: {why}")
+    return version, passed, why, out
+
+
+@dg.asset_check(asset=ANONYMIZED, blocking=True,
+                description="Blocks publication unless the version removes at least the budgeted share of above-chance "
+                            "privacy leakage, (raw − anon) / (raw − chance), on the LOWER end of its 95% interval "
+                            "(5 probe seeds + bootstrap), on the validation splits of the close-ups and of the action "
+                            "clips, against the stronger of the raw and standardised attackers.")
+def privacy_budget(context: dg.AssetCheckExecutionContext, config: PrivacyBudgetConfig,
+                   store: StoreResource) -> dg.AssetCheckResult:
+    threshold = config.resolved_threshold()
+    version, passed, why, out = _gate(context, config, store, "privacy", privacy_threshold=threshold)
+    md = {"aam_version": version or "", "threshold": threshold, "split": "val"}
+    m = (out or {}).get("measure")
+    if m:
+        view = privacy_measure_view(m)
+        md.update({"raw_cmap": view["raw_cmap"], "anonymized_cmap": view["anonymized_cmap"],
+                   "chance_cmap": view["chance_cmap"], "weaker": view["weaker"], "cached": m["cached"],
+                   "features": ",".join(sorted(set(m["source"].values()))),
+                   "leakage_removed": view["leakage_removed"] if view["leakage_removed"] is not None else float("nan"),
+                   "leakage_removed_ci_low": (view["leakage_removed_ci_low"]
+                                              if view["leakage_removed_ci_low"] is not None else float("nan")),
+                   "seeds": dg.MetadataValue.json(m["seeds"])})
+        for name, key in (("closeups", "closeup_leakage_removed"), ("clips", "clip_leakage_removed")):
+            part = m["privacy"].get(name, {})
+            if "skipped" in part:
+                md[f"{name}_skipped"] = part["skipped"]
+            elif part.get("leakage_removed") is not None:
+                md[key] = part["leakage_removed"]
+                md[f"{key}_ci_low"] = part["leakage_removed_ci_low"]
+    return dg.AssetCheckResult(passed=passed, severity=dg.AssetCheckSeverity.ERROR, description=why, metadata=md)
+
+
+@dg.asset_check(asset=ANONYMIZED, blocking=True,
+                description="Blocks publication unless every task the AAM was trained with (AR / TAD / AD) keeps the "
+                            "configured share of the raw features' above-chance utility on its validation split, noise "
+                            "taken into account (fails when the upper end of the 95% interval is below the threshold, "
+                            "or when the anonymized features are at chance).")
+def utility_budget(context: dg.AssetCheckExecutionContext, config: UtilityBudgetConfig,
+                   store: StoreResource) -> dg.AssetCheckResult:
+    fraction = utility_fraction(config.fraction)
+    version, passed, why, out = _gate(context, config, store, "utility", utility_fraction=fraction)
+    md = {"aam_version": version or "", "fraction": fraction, "split": "val"}
+    m = (out or {}).get("measure")
+    if m:
+        md["seen_tasks"] = dg.MetadataValue.json(m["seen_tasks"])
+        for task, u in m["utility"].items():
+            if "skipped" in u:
+                md[f"{task}_skipped"] = u["skipped"]
+                continue
+            md[f"{task}_raw"], md[f"{task}_anonymized"], md[f"{task}_chance"] = u["raw"], u["anon"], u["chance"]
+            md[f"{task}_retention"] = u["retention"]
+            md[f"{task}_retention_ci_high"] = u["retention_ci_high"]
     return dg.AssetCheckResult(passed=passed, severity=dg.AssetCheckSeverity.ERROR, description=why, metadata=md)
 
 
@@ -311,4 +362,5 @@ def utility_retention(context: dg.AssetCheckExecutionContext, config: UtilityRet
 
 
 ASSETS = [*EVAL_ASSETS, privacy_utility_report]
-CHECKS = [privacy_budget, utility_retention]
+CHECKS = [privacy_budget, utility_budget, utility_retention]
+GATE_CHECKS = [privacy_budget, utility_budget]

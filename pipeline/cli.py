@@ -5,7 +5,8 @@
     splavu extract [--dataset NAME ...]                     materialise latents of every shard
     splavu train [--tasks ar,tad] [--config JSON]           train an AAM from cached latents
     splavu publish [--version V]                            anonymized tables + DuckDB catalog
-    splavu evaluate                                         privacy-utility report (raw vs anonymized)
+    splavu evaluate [--version V] [--seed N]                privacy-utility report (raw vs anonymized), with intervals
+    splavu promote VERSION [--force --reason TEXT]          make a version current (gated) / splavu rollback
     splavu ablations                                        the paper's ablations on the same latents
     splavu baselines [--masks rendered|hog]                 pixel-space baselines, scored beside splavu
     splavu sql "SELECT ..."  /  splavu neighbors VIDEO_ID   analysts: query the catalog read-only
@@ -31,7 +32,8 @@ from splavu_core.catalog import CatalogError, build_catalog, catalog_path, empty
 from splavu_core.manifest import ManifestError
 from splavu_core.masks import PixelError
 from splavu_core.neighbors import Index, NeighborsError, neighbors, refuse_if_refused
-from splavu_core.publish import current_version, read_versions
+from splavu_core.ledger import (PublishError, current_version, gates_passed, newest_version, promote, read_verdicts,
+                                read_versions, refused_versions, rollback)
 from splavu_core.registry import registered, registration
 from splavu_core.roles import describe_registration, parse_roles, training_plan
 from splavu_core.store import FeatureStore, StoreError
@@ -163,6 +165,8 @@ def cmd_publish(args) -> int:
     r = _runner()
     out = r.run_reanonymize(r.instance(), r.StoreResource(root=_store_root(args)), version=args.version or "")
     print(f"  {publish_summary(out)}")
+    for line in gate_lines(FeatureStore(_store_root(args)), out["version"]):
+        print(f"  {line}")
     return 0
 
 
@@ -188,19 +192,77 @@ def publish_summary(out: dict) -> str:
     return f"{line}; {state}"
 
 
+def gate_lines(store, version: str) -> list[str]:
+    """Both gates' recorded verdicts on `version` (validation splits), one line each."""
+    v = read_verdicts(store, version)
+    out = []
+    for gate, label in (("privacy", "privacy budget"), ("utility", "utility")):
+        if gate not in v:
+            out.append(f"gate {label}: not run on {version}")
+        else:
+            out.append(f"gate {label}: {'PASSED' if v[gate]['passed'] else 'FAILED'} on validation: {v[gate]['why']}")
+    return out
+
+
+def cmd_promote(args) -> int:
+    store = FeatureStore(_store_root(args))
+    if args.force and not (args.reason or "").strip():
+        raise PublishError("--force needs --reason TEXT (kept in the version ledger)")
+    if not read_verdicts(store, args.version):  # never gated (e.g. trained but not published): measure now
+        from splavu_core.gates import evaluate_gates  # here: loads the evaluation probes (torch), ~2 s
+
+        evaluate_gates(store, args.version)
+    ok, why = gates_passed(store, args.version)
+    prev = promote(store, args.version, force=args.force, reason=args.reason or "")
+    how = "passed both gates" if ok else f"FORCED past the gates ({why}); reason: {args.reason}"
+    print(f"AAM version {args.version} is now current (was {prev or 'none'}): {how}")
+    _rebuild_catalog(store)
+    return 0
+
+
+def cmd_rollback(args) -> int:
+    store = FeatureStore(_store_root(args))
+    was, now = rollback(store, reason=args.reason or "")
+    print(f"rolled back: AAM version {now} is current again (was {was})")
+    _rebuild_catalog(store)
+    return 0
+
+
+def _rebuild_catalog(store) -> None:
+    try:
+        build_catalog(store)  # the analysts' anonymized_features view follows the current version
+    except Exception as e:  # the ledger changed; say that the catalog did not follow
+        print(f"note: the catalog was not rebuilt ({e}); run `splavu publish`", file=sys.stderr)
+
+
 def cmd_evaluate(args) -> int:
     r = _runner()
     root = _store_root(args)
-    # the newest version is scored even when the privacy budget kept it from becoming current
-    version = getattr(args, "version", None) or r.newest_version(FeatureStore(root))
+    store = FeatureStore(root)
+    current = current_version(store)
+    version = getattr(args, "version", None) or current
     if not version:
-        raise StoreError(f"no AAM version in {root}: run `splavu train` and `splavu publish` first")
-    res = r.run_evaluation(root, config={"aam_version": version}, instance=r.instance())
-    build_catalog(FeatureStore(root))  # the metrics view now has files to read
-    print(FeatureStore(root).fs.read_text("reports/privacy_utility.md"))
+        known = read_versions(store)["version"].to_pylist()
+        if not known:
+            raise StoreError(f"no AAM version in {root}: run `splavu train` and `splavu publish` first")
+        raise StoreError(f"no AAM version is current in {root} (every recorded one was refused or is not published "
+                         f"everywhere): score one explicitly with --version {known[-1]}")
+    state = "the current version" if version == current else \
+        f"NOT current (current: {current or 'none'}){'; ' + _refusal(store, version) if _refusal(store, version) else ''}"
+    seed = getattr(args, "seed", 0) or 0
+    print(f"scoring AAM version {version}: {state}; probe seeds {seed}..{seed + 4}", flush=True)
+    res = r.run_evaluation(root, config={"aam_version": version, "seed": seed}, instance=r.instance())
+    build_catalog(store)  # the metrics view now has files to read
+    print(store.fs.read_text("reports/privacy_utility.md"))
+    print(f"scored AAM version {version} ({state})")
     for line in evaluation_notes(res):
         print(line)
     return 0
+
+
+def _refusal(store, version: str) -> str:
+    r = refused_versions(store).get(version)
+    return f"refused: {r['why']}" if r else ""
 
 
 def evaluation_notes(res) -> list[str]:
@@ -280,7 +342,7 @@ def cmd_demo(args) -> int:
     print(f"\n4/6 publishing anonymized feature tables and the DuckDB catalog [{time.perf_counter() - t0:.0f} s]")
     cmd_publish(argparse.Namespace(store=store.root, version=None))
     print(f"\n5/6 evaluating raw vs anonymized features [{time.perf_counter() - t0:.0f} s]")
-    cmd_evaluate(argparse.Namespace(store=store.root, version=None))
+    cmd_evaluate(argparse.Namespace(store=store.root, version=_demo_version(store.store()), seed=0))
     print("6/6 an analyst's query (read-only DuckDB catalog):")
     sql = ("SELECT task, metric, feature_set, round(value, 3) AS value FROM metrics "
            "WHERE metric IN ('top1', 'mAP', 'auc', 'cmap', 'leakage_removed') AND task IN ('ar', 'tad', 'ad', 'privacy') "
@@ -289,6 +351,11 @@ def cmd_demo(args) -> int:
     print(format_table(query(store.store(), sql)))
     print(f"\ndone in {time.perf_counter() - t0:.0f} s; `splavu sql`, `splavu neighbors`, `dagster dev` to explore")
     return 0
+
+
+def _demo_version(fs) -> str | None:
+    """The demo scores the current version, else (all refused) the newest, and says which."""
+    return current_version(fs) or newest_version(fs)
 
 
 def _catalog_store(args):
@@ -388,8 +455,19 @@ def main(argv=None) -> int:
     p.set_defaults(fn=cmd_publish)
 
     p = add("evaluate", help="score raw vs anonymized features; write reports/privacy_utility.*")
-    p.add_argument("--version", help="AAM version (default: the newest)")
+    p.add_argument("--version", help="AAM version (default: the current one)")
+    p.add_argument("--seed", type=int, default=0, help="base probe seed: every probe runs with seeds N .. N+4")
     p.set_defaults(fn=cmd_evaluate)
+
+    p = add("promote", help="make an AAM version current; one the gates refused only with --force --reason")
+    p.add_argument("version")
+    p.add_argument("--force", action="store_true", help="promote a version that failed a gate (needs --reason)")
+    p.add_argument("--reason", help="why (kept in the version ledger and shown in the aam_versions table)")
+    p.set_defaults(fn=cmd_promote)
+
+    p = add("rollback", help="make the previously current AAM version current again")
+    p.add_argument("--reason", help="why (kept in the ledger log)")
+    p.set_defaults(fn=cmd_rollback)
 
     p = add("ablations", help="train and score the ablation variants; write reports/ablations.*")
     p.add_argument("--variants", nargs="*")

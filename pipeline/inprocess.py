@@ -2,7 +2,8 @@
 import os
 
 
-def quiet(run_config: dict | None = None) -> dict:
-    """Run config with Dagster's console logger at $SPLAVU_LOG_LEVEL (default WARNING) so the CLI stays readable."""
-    level = os.environ.get("SPLAVU_LOG_LEVEL", "WARNING").upper()
+def quiet(run_config: dict | None = None, level: str | None = None) -> dict:
+    """Run config with Dagster's console logger at $SPLAVU_LOG_LEVEL (else `level`, default WARNING) so the CLI
+    stays readable."""
+    level = os.environ.get("SPLAVU_LOG_LEVEL", level or "WARNING").upper()
     return {**(run_config or {}), "loggers": {"console": {"config": {"log_level": level}}}}

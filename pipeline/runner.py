@@ -15,7 +15,7 @@ import dagster as dg
 
 from assets.aam import check_training_config  # noqa: F401  (the CLI)
 from assets.anonymized import newest_version, registered_shards, resolve_version  # noqa: F401  (newest_version: the CLI)
-from assets.evaluation import EVAL_ASSETS, privacy_utility_report
+from assets.evaluation import EVAL_ASSETS, GATE_CHECKS, privacy_utility_report
 from pipeline.ablations import VARIANTS
 from pipeline.definitions import defs
 from pipeline.inprocess import quiet
@@ -25,6 +25,7 @@ from pipeline.recovery import fail_run, owned_run  # noqa: F401  (fail_run: the 
 from pipeline.resources import EncoderResource, StoreResource
 from splavu_core.pixel import BASELINES  # noqa: F401  (the CLI)
 from splavu_core.registry import register_dataset
+from splavu_core.publish import PublishError
 from splavu_core.store import FeatureStore
 
 
@@ -60,15 +61,16 @@ def _add_shards(inst: dg.DagsterInstance, keys) -> None:
 
 def run_job(inst: dg.DagsterInstance, name: str, store: StoreResource, *, assets=None, partition_key: str | None = None,
             run_config: dict | None = None, resources: dict | None = None, tags: dict | None = None,
-            raise_on_error: bool = True, skip_checks: tuple[str, ...] = ()) -> dg.ExecuteInProcessResult:
+            raise_on_error: bool = True, skip_checks: tuple[str, ...] = (),
+            log_level: str | None = None) -> dg.ExecuteInProcessResult:
     """Execute the code location's job `name` in this process (assets: a subset of its selection, default all of
     it), as a run this process owns: a crash of an earlier one does not block it, and a wait on a pool slot is
     announced (pipeline/recovery.py). The run is recorded under the job's name with its asset selection.
-    skip_checks: asset checks (by name) left out of this run."""
+    skip_checks: asset checks (by name) left out of this run. log_level: the console's (default WARNING)."""
     job = with_resources({"store": store, **(resources or {})}, skip_checks).resolve_job_def(name)
     keys = [dg.AssetKey(a) for a in assets] if assets else sorted(job.asset_layer.executable_asset_keys)
     with owned_run(inst, store.root) as owner:
-        return job.execute_in_process(run_config=quiet(run_config), instance=inst, partition_key=partition_key,
+        return job.execute_in_process(run_config=quiet(run_config, log_level), instance=inst, partition_key=partition_key,
                                       asset_selection=keys, tags={"splavu/entry": "cli", **owner, **(tags or {})},
                                       raise_on_error=raise_on_error)
 
@@ -98,22 +100,35 @@ def train_aam(inst, store: StoreResource, config: dict | None = None) -> dg.Exec
 
 
 def run_reanonymize(inst: dg.DagsterInstance, store: StoreResource, version: str = "",
-                    shard_keys: list[str] | None = None, retention: int = 0, catalog: bool = True) -> dict:
+                    shard_keys: list[str] | None = None, retention: int = 0, catalog: bool = True,
+                    gates: bool | None = None) -> dict:
     """Publish `shard_keys` (default: every registered shard with latents) with `version` (default newest),
-    one `reanonymize` run per shard as the job does, then `refresh_catalog`. Raises on the first failing shard."""
+    one `reanonymize` run per shard as the job does, then `refresh_catalog`. Raises on the first failing shard.
+    gates: run the blocking gate checks (privacy_budget, utility_budget) in every shard's run (True), in the last
+    one only (None, default: by then the version is complete), or never (False). out["checks"] holds their verdicts."""
     fs = store.store()
     version = resolve_version(fs, version)
     keys = shard_keys if shard_keys is not None else [s for s in registered_shards(fs) if fs.committed(s)]
     _add_shards(inst, keys)
     out = {"version": version, "shards": {}}
-    for key in keys:
+    gate_names = tuple(k.name for c in GATE_CHECKS for k in c.check_keys)
+    tags = {"splavu/trigger": "cli", "splavu/aam_version": version}
+    for i, key in enumerate(keys):
+        # the two blocking gates run as real asset checks in the shard's run (cached per version: measured once);
+        # a failed gate fails the run's check (red in the UI) but is a verdict, not an error of the shard
+        with_gates = gates or (gates is None and i == len(keys) - 1)
         res = run_job(inst, "reanonymize", store, assets=["anonymized_features"], partition_key=key,
-                      run_config=anonymize_run_config(version, retention),
-                      tags={"splavu/trigger": "cli", "splavu/aam_version": version},
-                      # the gate decides promotion inside the asset (maybe_promote), once the last shard is in; the
-                      # blocking check would re-measure per shard run with other probe settings (as before: not run)
-                      skip_checks=("privacy_budget",))
+                      run_config=anonymize_run_config(version, retention), tags=tags, raise_on_error=False,
+                      skip_checks=() if with_gates else gate_names,
+                      log_level="CRITICAL" if with_gates else None)  # a refused gate is printed by the CLI
+        if not res.asset_materializations_for_node("anonymized_features"):
+            # the shard itself failed: run it alone so that what the asset raised reaches the caller
+            run_job(inst, "reanonymize", store, assets=["anonymized_features"], partition_key=key,
+                    run_config=anonymize_run_config(version, retention), tags=tags, skip_checks=gate_names)
+            raise PublishError(f"publishing shard {key} with AAM {version} failed")
         out["shards"][key] = metadata(res, "anonymized_features")
+        for ev in res.get_asset_check_evaluations():
+            out.setdefault("checks", {})[ev.check_name] = {"passed": ev.passed, "description": ev.description}
     if catalog:
         res = run_job(inst, "refresh_catalog", store, tags={"splavu/trigger": "cli"})
         out["catalog"] = metadata(res, "feature_catalog")
@@ -127,8 +142,9 @@ def run_evaluation(store, config: dict | None = None, instance: dg.DagsterInstan
     {"aam_version": ...}). The report is then at <root>/reports/privacy_utility.{json,md,png}."""
     root = str(getattr(store, "root", store))
     ops = {a.node_def.name: {"config": dict(config or {})} for a in EVAL_ASSETS}
-    if config and config.get("aam_version"):
-        ops[privacy_utility_report.node_def.name] = {"config": {"aam_version": config["aam_version"]}}
+    rep = {k: config[k] for k in ("aam_version", "seed", "n_seeds") if config and config.get(k)}
+    if rep:
+        ops[privacy_utility_report.node_def.name] = {"config": rep}
     return run_job(instance or default_instance(), "evaluate", StoreResource(root=root),
                    run_config={"ops": ops}, raise_on_error=raise_on_error)
 

@@ -61,7 +61,10 @@ VIDEOS_SCHEMA = pa.schema([("video_id", pa.string()), ("path", pa.string()), ("s
                            ("anomaly_intervals", pa.string()), ("subject_id", pa.string()), ("group", pa.string())])
 METRICS_SCHEMA = pa.schema([("feature_set", pa.string()), ("aam_version", pa.string()), ("task", pa.string()),
                             ("metric", pa.string()), ("value", pa.float64()), ("split", pa.string()),
-                            ("created_at", pa.timestamp("us", tz="UTC"))])
+                            ("created_at", pa.timestamp("us", tz="UTC")),
+                            # issue 19: spread over probe seeds, 95% interval, chance (null where undefined)
+                            ("sd", pa.float64()), ("ci_low", pa.float64()), ("ci_high", pa.float64()),
+                            ("chance", pa.float64()), ("n_seeds", pa.int64())])
 RUNS_SCHEMA = pa.schema([("run_id", pa.string()), ("job", pa.string()), ("status", pa.string()),
                          ("started_at", pa.timestamp("us", tz="UTC")), ("finished_at", pa.timestamp("us", tz="UTC"))])
 STORAGE_SCHEMA = pa.schema([("kind", pa.string()), ("shard", pa.string()), ("aam_version", pa.string()),

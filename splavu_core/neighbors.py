@@ -48,6 +48,7 @@ from .publish import (_features, anonymized_key, current_version, published_shar
 from .registrations import registered
 from .registry import dataset_of
 from .store import FeatureStore, StoreError
+from .ledger import budget_verdict, privacy_threshold, read_verdicts
 
 BLOCK = 1 << 18        # rows per matrix-vector product of the exact search (1 MB of scores a block)
 APPROX_MIN_ROWS = int(os.environ.get("SPLAVU_ANN_MIN_ROWS", 10_000_000))  # tables this large get an IVF index
@@ -323,15 +324,20 @@ def neighbors(store: FeatureStore, video_id: str, k: int = 10, reduce: str = "me
 # ---------------------------------------------------------------- explaining an empty answer
 
 def _budget_reason(store: FeatureStore, version: str) -> str | None:
-    """Why the privacy budget refused `version`, from its cached measurement (None: not measured / passed)."""
-    # inside the function: suite -> catalog -> publish -> neighbors is the circle the version ledger (issue 19) breaks
-    from .evaluation.suite import DEFAULT_PRIVACY_BUDGET, PRIVACY_BUDGET_ENV, _safe, budget_verdict
-
-    try:
-        measure = store.fs.read_json(f"reports/privacy_budget/{_safe(version)}.json")["measure"]
+    """Why a gate refused `version`, from the version ledger (None: not measured / passed)."""
+    verdicts = read_verdicts(store, version)
+    label = {"privacy": "the privacy budget", "utility": "the utility gate"}
+    failed = [f"refused by {label.get(gate, gate)} ({v['why']})" for gate, v in verdicts.items()
+              if not v.get("passed", True)]
+    if failed:
+        return "; ".join(failed)
+    if verdicts:
+        return None
+    try:  # a store gated before the ledger recorded verdicts: the cached privacy measurement
+        measure = store.fs.read_json(f"reports/privacy_budget/{version}.json")["measure"]
     except (FileNotFoundError, KeyError, ValueError):
         return None
-    ok, why = budget_verdict(measure, float(os.environ.get(PRIVACY_BUDGET_ENV, DEFAULT_PRIVACY_BUDGET)))
+    ok, why = budget_verdict(measure, privacy_threshold())
     return None if ok else f"refused by the privacy budget ({why})"
 
 

@@ -27,6 +27,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .features import VideoFeatures
+from .ledger import (PROMOTIONS_FILE, REFUSALS_FILE, VERSIONS_KEY, VERSIONS_SCHEMA,  # noqa: F401  (the version
+                     PublishError, _write_versions, approved_versions, current_version,  # ledger moved to ledger.py;
+                     promoted_versions, read_versions, record_refusal, record_version,  # re-exported for callers)
+                     refused_versions, set_current, versions_path)
 from .registry import dataset_of
 from .store import FeatureStore, StoreError
 from .storefs import join
@@ -37,13 +41,6 @@ INDEX_COLUMNS = ("video_id", "clip_index", "start_frame", "end_frame", "start_s"
 JSON_COLUMNS = ("segments", "anomaly_intervals")
 META_DEFAULTS = ("path", "action", "segments", "anomaly", "anomaly_intervals", "subject_id", "group")
 
-VERSIONS_SCHEMA = pa.schema([("version", pa.string()), ("encoder_fingerprint", pa.string()),
-                             ("config", pa.string()), ("metrics", pa.string()),
-                             ("created_at", pa.timestamp("us", tz="UTC")), ("is_current", pa.bool_())])
-
-
-class PublishError(StoreError):
-    pass
 
 
 def anonymized_schema(dim: int) -> pa.Schema:
@@ -56,9 +53,6 @@ def anonymized_schema(dim: int) -> pa.Schema:
 
 # ---------------------------------------------------------------- paths
 
-VERSIONS_KEY = "aam_versions.parquet"
-
-
 def anonymized_key(version: str, shard: str | None = None) -> str:
     return join("anonymized", version, f"{shard}.parquet") if shard else join("anonymized", version)
 
@@ -69,10 +63,6 @@ def anonymized_dir(store: FeatureStore, version: str):
 
 def anonymized_path(store: FeatureStore, version: str, shard: str):
     return store.loc(anonymized_key(version, shard))
-
-
-def versions_path(store: FeatureStore):
-    return store.loc(VERSIONS_KEY)
 
 
 def _now() -> datetime:
@@ -249,105 +239,6 @@ def _anonymized_table(index: pa.Table, feats: np.ndarray, version: str, fp: str)
     cols = [index[c] for c in INDEX_COLUMNS] + [feature, pa.array([version] * n, pa.string()),
                                                 pa.array([fp] * n, pa.string()), created]
     return pa.Table.from_arrays(cols, schema=anonymized_schema(d))
-
-
-# ---------------------------------------------------------------- AAM versions
-
-def read_versions(store: FeatureStore) -> pa.Table:
-    if not store.fs.isfile(VERSIONS_KEY):
-        return VERSIONS_SCHEMA.empty_table()
-    try:
-        return store.fs.read_parquet(VERSIONS_KEY)
-    except Exception as e:
-        raise PublishError(f"{versions_path(store)}: unreadable Parquet ({e})") from e
-
-
-def _write_versions(store: FeatureStore, rows: list[dict]) -> pa.Table:
-    # at most one current; none until a version is promoted (published everywhere and within the privacy budget)
-    assert sum(bool(r["is_current"]) for r in rows) <= 1, "more than one current AAM version"
-    table = pa.Table.from_pylist(rows, schema=VERSIONS_SCHEMA)
-    store.fs.write_parquet(VERSIONS_KEY, table)
-    return table
-
-
-def record_version(store: FeatureStore, version: str, meta: dict, metrics: dict | None = None,
-                   make_current: bool = True) -> pa.Table:
-    """Add (or update) `version` in <root>/aam_versions.parquet; returns the new table.
-
-    `meta` needs encoder_fingerprint and config (the adapter's JSON sidecar fits). Re-recording a
-    version keeps its first created_at (retention orders by it) and replaces config/metrics.
-    With make_current=False the version is only recorded: it becomes current when promoted."""
-    fp = meta.get("encoder_fingerprint")
-    if store.encoder_fingerprint() is not None and fp != store.encoder_fingerprint():
-        raise PublishError(f"AAM version {version} belongs to encoder {fp!r}, but the store {store.root} holds "
-                           f"latents of encoder {store.encoder_fingerprint()!r}")
-    if meta.get("version") not in (None, version):
-        raise PublishError(f"meta describes AAM version {meta['version']}, not {version}")
-    with store.lock("aam_versions"):
-        rows = read_versions(store).to_pylist()
-        old = next((r for r in rows if r["version"] == version), None)
-        row = {"version": version, "encoder_fingerprint": fp,
-               "config": json.dumps(meta.get("config", {}), sort_keys=True),
-               "metrics": json.dumps(metrics or {}, sort_keys=True, default=float),
-               "created_at": old["created_at"] if old else _now(),
-               "is_current": bool(old and old["is_current"])}
-        rows = [r for r in rows if r["version"] != version] + [row]
-        if make_current:
-            for r in rows:
-                r["is_current"] = r["version"] == version
-        return _write_versions(store, rows)
-
-
-def set_current(store: FeatureStore, version: str) -> None:
-    """Make an already recorded version the current one (e.g. roll back)."""
-    with store.lock("aam_versions"):
-        rows = read_versions(store).to_pylist()
-        if version not in {r["version"] for r in rows}:
-            raise PublishError(f"AAM version {version} is not recorded in {versions_path(store)}")
-        for r in rows:
-            r["is_current"] = r["version"] == version
-        _write_versions(store, rows)
-
-
-def current_version(store: FeatureStore) -> str | None:
-    t = read_versions(store)
-    cur = t.filter(t["is_current"])["version"].to_pylist()
-    return cur[0] if cur else None
-
-
-# ---------------------------------------------------------------- the privacy gate's decisions
-
-PROMOTIONS_FILE = "aam_promotions.json"  # versions made current automatically, and when
-REFUSALS_FILE = "aam_refusals.json"      # versions the privacy budget kept from becoming current, and why
-
-
-def promoted_versions(store: FeatureStore) -> dict[str, str]:
-    try:
-        return store.fs.read_json(PROMOTIONS_FILE)
-    except FileNotFoundError:
-        return {}
-
-
-def refused_versions(store: FeatureStore) -> dict[str, dict]:
-    """{version: {"why", "at"}} of versions the privacy budget refused (the last verdict of each)."""
-    try:
-        return store.fs.read_json(REFUSALS_FILE)
-    except FileNotFoundError:
-        return {}
-
-
-def record_refusal(store: FeatureStore, version: str, why: str) -> None:
-    with store.lock("aam_refusals"):
-        done = refused_versions(store)
-        done[version] = {"why": why, "at": _now().isoformat()}
-        store.fs.write_json(REFUSALS_FILE, done)
-
-
-def approved_versions(store: FeatureStore) -> list[str]:
-    """Versions analysts may read: the current one and every one that passed the gate to become current.
-    A version never promoted (refused by the privacy budget, or still rolling out) stays out of the catalog."""
-    cur = current_version(store)
-    return sorted(set(promoted_versions(store)) | ({cur} if cur else set()))
 
 
 # ---------------------------------------------------------------- retention

@@ -47,6 +47,7 @@ def env():
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             mp.setenv(var, "1")
         mp.setenv("SPLAVU_PRIVACY_BUDGET", "-1")
+        mp.setenv("SPLAVU_UTILITY_GATE", "-1")  # the utility gate off too: not measured (splavu_core.gates)
         yield
 
 
@@ -329,7 +330,7 @@ def trained(tiny_store, instance, tmp_path_factory):
     the privacy-budget measurements the promotion gate and the check ask for are cached in the store."""
     from splavu_core.aam.io import adapter_version, save_adapter
     from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
-    from splavu_core.evaluation.suite import privacy_budget_measure
+    from splavu_core.gates import measure_gates
     from splavu_core.publish import anonymize_shard, record_version
     from splavu_core.store import FeatureStore
 
@@ -347,8 +348,8 @@ def trained(tiny_store, instance, tmp_path_factory):
     for shard in shards:
         if shard != ANON_SHARD:
             anonymize_shard(fs, shard, root / "aam" / version)
-    privacy_budget_measure(fs, version)                             # the promotion gate's measurement
-    privacy_budget_measure(fs, version, probe_kwargs={"epochs": 5})  # the privacy_budget check's (below)
+    measure_gates(fs, version, utility=False)                                 # the promotion gate's measurement
+    measure_gates(fs, version, utility=False, probe_kwargs={"privacy": {"epochs": 5}})  # the checks' (below)
     instance.add_dynamic_partitions("shards", [s for s in shards if not instance.has_dynamic_partition("shards", s)])
     return root, version
 

@@ -211,13 +211,22 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
 
     # the report: exact schema, numbers from the rows, Markdown with relative changes, PNG
     report = json.loads((root / "reports" / "privacy_utility.json").read_text())
-    assert set(report) == {"encoder_fingerprint", "aam_version", "rows", "costs"}
+    assert set(report) == {"encoder_fingerprint", "aam_version", "rows", "costs", "aam_version_is_current",
+                           "probe_seeds"}
+    assert report["probe_seeds"] == [0, 1, 2, 3, 4]
+    assert report["aam_version_is_current"] is True
     # the fixtures ran no asset, so no step recorded its cost: said, never made up
     assert report["costs"]["splavu"]["produce_seconds"] is None and report["costs"]["splavu"]["missing"]
     assert report["encoder_fingerprint"] == fs.encoder_fingerprint() and report["aam_version"] == version
     assert [r["name"] for r in report["rows"]] == ["raw", "splavu"]
     r, s = report["rows"]
-    assert tuple(r) == suite.REPORT_KEYS and set(s) == set(suite.REPORT_KEYS) | set(suite.DERIVED_KEYS)
+    iv_keys = {"intervals", "changes", "derived_intervals"}  # issue 19: every metric with its interval and chance
+    assert set(suite.REPORT_KEYS) <= set(r) <= set(suite.REPORT_KEYS) | iv_keys
+    assert set(s) - iv_keys == set(suite.REPORT_KEYS) | set(suite.DERIVED_KEYS)
+    for key in ("privacy_cmap", "ar_top1", "tad_map", "ad_auc", "gait_top1"):
+        st = r["intervals"][key]
+        assert st["ci_low"] <= st["value"] <= st["ci_high"] and st["chance"] is not None and st["n_seeds"] >= 1
+    assert r["intervals"]["ar_top1"]["n_seeds"] == 5 and r["intervals"]["gait_top1"]["n_seeds"] == 1
     assert r["privacy_cmap"] == raw_c and s["privacy_cmap"] == anon_c and s["ar_top1"] == v(anon, "ar", "top1")
     assert r["bias_f_gap"] == v(raw, "bias_f", "gap") and r["bias_m_gap"] is None  # bias_m: not in the store
     assert s["leakage_removed"] == pytest.approx(v(anon, "privacy", "leakage_removed"))
@@ -227,10 +236,13 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
     assert s["clip_leakage_removed"] == pytest.approx((raw_k - anon_k) / (raw_k - chance_k))
     assert v(anon, "clip_privacy", "leakage_removed") == pytest.approx(s["clip_leakage_removed"])
     table = (root / "reports" / "privacy_utility.md").read_text()
+    from splavu_core.evaluation.report import fmt_interval
+
     for key in ("privacy_cmap", "ar_top1", "tad_map", "ad_auc", "gait_top1"):
-        rel = s["relative_change"][key]
-        cell = f"{s[key] * 100:.1f}" + (f" ({fmt_change(rel)})" if rel is not None else "")
-        assert cell in table, (key, cell, table)
+        assert fmt_interval(s["intervals"][key]) in table, (key, table)   # value [95% interval], never a bare %
+        if r["intervals"][key]["signal"] is False:  # raw at chance: said, and no change claimed
+            assert fmt_interval(r["intervals"][key]) + " no signal" in table
+    assert "| chance |" in table and "paired difference" in table
     assert (root / "reports" / "privacy_utility.png").read_bytes()[:4] == b"\x89PNG"
     rmd = res.asset_materializations_for_node("privacy_utility_report")[0].metadata
     assert "data:image/png;base64," in rmd["tradeoff"].value and "| splavu |" in rmd["table"].value

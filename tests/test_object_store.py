@@ -297,6 +297,7 @@ def test_end_to_end_on_s3_matches_local_disk(s3, tiny_store, tiny_bench, tiny_vi
     from test_reanonymize import cli, train_aam
 
     monkeypatch.setenv("SPLAVU_PRIVACY_BUDGET", "-1")  # a 2-epoch AAM on a random encoder: promotion mechanics only
+    monkeypatch.setenv("SPLAVU_UTILITY_GATE", "-1")
     bench, _ = tiny_bench
     url, inst = s3_url("e2e"), dg.DagsterInstance.ephemeral()
     resource = StoreResource(root=url)
@@ -316,7 +317,7 @@ def test_end_to_end_on_s3_matches_local_disk(s3, tiny_store, tiny_bench, tiny_vi
     version = train_aam(inst, resource, tasks=["ar"])
     out = run_reanonymize(inst, resource)  # one Dagster run per shard, then the catalog
     assert all(not s["skipped"] for s in out["shards"].values()) and pub.current_version(store) == version
-    assert store.fs.isfile(f"reports/privacy_budget/{version}.json")  # the gate measured leakage on S3 to promote it
+    assert store.fs.isfile(f"reports/gates/{version}.json")  # the gates measured the version on S3 to promote it
     adapter, cfg, meta = load_adapter(store.loc("aam", version))  # safetensors bytes from S3; hash re-checked
     assert meta["version"] == version and store.fs.isfile(f"aam/{version}/loss_curves.png")
     table = pub.read_anonymized(store)

@@ -108,6 +108,7 @@ def env(tiny_store, tiny_bench, tmp_path_factory):
         # a 2-epoch AAM on a random tiny encoder cannot meet a real privacy budget; promotion mechanics are
         # tested here with the gate open, the gate itself in test_a_version_failing_the_budget_stays_out
         mp.setenv("SPLAVU_PRIVACY_BUDGET", "-1")
+        mp.setenv("SPLAVU_UTILITY_GATE", "-1")  # the utility gate too (tests/test_gates_intervals.py tests both)
         root = tmp_path_factory.mktemp("reanon") / "store"
         shutil.copytree(tiny_store, root)
         inst = dg.DagsterInstance.ephemeral()

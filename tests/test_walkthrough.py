@@ -43,7 +43,8 @@ def test_readme_walkthrough(tiny_bench, tiny_videomae, tmp_path, capsys, monkeyp
         if argv[2] == "train":
             version = re.search(r"AAM ([0-9a-f]{16})", out).group(1)
 
-    by_cmd = {"neighbors --version" if "--version" in a else a[0]: (rc, out, err) for a, rc, out, err in outputs}
+    by_cmd = {"neighbors --version" if "--version" in a and a[0] == "neighbors" else a[0]: (rc, out, err)
+              for a, rc, out, err in outputs}
     for cmd in ("ingest", "extract", "train", "publish", "evaluate", "sql"):
         assert by_cmd[cmd][0] == 0, (cmd, by_cmd[cmd][2])
     ingests = [o for a, rc, o, e in outputs if a[0] == "ingest"]
@@ -60,6 +61,8 @@ def test_readme_walkthrough(tiny_bench, tiny_videomae, tmp_path, capsys, monkeyp
     skipped = [line for line in evaluate.splitlines() if line.startswith("skipped ")]  # one line for all tasks without data
     assert len(skipped) == 1 and re.match(r"skipped (\w+, )*tad(, \w+)*: no dataset is registered with those roles",
                                           skipped[0]) and "gait" in skipped[0], skipped
+    assert f"scored AAM version {version} (NOT current" in evaluate and "| chance |" in evaluate
+    assert "gate privacy budget: FAILED on validation" in by_cmd["publish"][1]
     assert re.search(r"warning: check utility_retention failed: ar_top1: [0-9.]+ of raw < 2", evaluate)
 
     rows = [line.split() for line in by_cmd["sql"][1].splitlines()[2:-1]]

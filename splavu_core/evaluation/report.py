@@ -55,10 +55,66 @@ def fmt_cell(row: dict, key: str) -> str:
     return f"{v * 100:.1f}" + (f" ({change})" if change else "")
 
 
+def _pts(v: float) -> str:
+    return f"{v * 100:.1f}"
+
+
+def fmt_interval(stat: dict) -> str:
+    """{value, ci_low, ci_high} -> '69.3 [64.5, 74.2]' (x100)."""
+    return f"{_pts(stat['value'])} [{_pts(stat['ci_low'])}, {_pts(stat['ci_high'])}]"
+
+
+def fmt_delta(d: dict) -> str:
+    """A paired difference in points with its interval; 'no change' when the interval holds 0."""
+    if not (d["ci_low"] > 0 or d["ci_high"] < 0):
+        return f"no change (Δ {d['value'] * 100:+.1f} [{d['ci_low'] * 100:+.1f}, {d['ci_high'] * 100:+.1f}])"
+    return f"Δ {d['value'] * 100:+.1f} [{d['ci_low'] * 100:+.1f}, {d['ci_high'] * 100:+.1f}]"
+
+
+def interval_cell(row: dict, key: str, raw: dict) -> str:
+    """A cell of a report scored with intervals: value [95% CI]; non-raw rows add the paired change vs raw,
+    unless the raw features show no signal on that metric (then no change is claimed)."""
+    if key in LEAKAGE_KEYS:
+        if row["name"] == "raw":
+            return "—"
+        st = (row.get("derived_intervals") or {}).get(key)
+        if st is None:
+            return "—" if row.get(key) is None else f"{row[key] * 100:.1f}%"
+        return f"{st['value'] * 100:.1f}% [{st['ci_low'] * 100:.1f}, {st['ci_high'] * 100:.1f}]"
+    st = (row.get("intervals") or {}).get(key)
+    if st is None:
+        return fmt_cell(row, key)
+    cell = fmt_interval(st)
+    raw_st = (raw.get("intervals") or {}).get(key) or {}
+    if raw_st.get("signal") is False:
+        return cell + (" no signal" if row["name"] == "raw" else "")
+    d = (row.get("changes") or {}).get(key)
+    return cell + (f"; {fmt_delta(d)}" if d is not None and row["name"] != "raw" else "")
+
+
+def chance_row(rows: Sequence[dict], cols) -> str | None:
+    raw = rows[0] if rows else {}
+    iv = raw.get("intervals") or {}
+    if not iv:
+        return None
+    cells = []
+    for k, _ in cols:
+        c = (iv.get(k) or {}).get("chance")
+        cells.append("—" if c is None else _pts(c))
+    return "| chance | " + " | ".join(cells) + " |"
+
+
 def table_markdown(rows: Sequence[dict]) -> str:
-    """One Markdown table; values x100, non-raw rows with their relative change against raw."""
+    """One Markdown table; values x100. Rows scored with intervals show value [95% CI], a chance row, and the
+    paired change against raw in points (or 'no change'); older rows show the relative change against raw."""
     cols = [(k, h) for k, h in COLUMNS if any(r.get(k) is not None for r in rows)
             or (k == "leakage_removed" and not any(r.get("clip_privacy_cmap") is not None for r in rows))]
+    if rows and rows[0].get("intervals"):
+        lines = ["| Features | " + " | ".join(h for _, h in cols) + " |", "|---|" + "---:|" * len(cols)]
+        for r in rows:
+            lines.append(f"| {r['name']} | " + " | ".join(interval_cell(r, k, rows[0]) for k, _ in cols) + " |")
+        ch = chance_row(rows, cols)
+        return "\n".join(lines + ([ch] if ch else []))
     lines = ["| Features | " + " | ".join(h for _, h in cols) + " |",
              "|---|" + "---:|" * len(cols)]
     for r in rows:
@@ -77,11 +133,19 @@ def _footer(report: dict, version_note: str | None = None) -> list[str]:
         notes.append(f"Chance cMAP (mean attribute prevalence): {raw['privacy_chance_cmap'] * 100:.1f}. "
                      "Leakage removed = (raw − anonymized) / (raw − chance), stronger of the raw and standardised "
                      "attackers.")
+    iv = raw.get("intervals") or {}
+    if iv:
+        n = max((st.get("n_seeds") or 1) for st in iv.values())
+        notes.append(f"Each cell: mean over {n} probe seeds [95% interval: seeds and a bootstrap over the test videos]; "
+                     f"Δ = paired difference against raw in points (same seed, same resampled videos); 'no change' "
+                     f"when its interval holds 0; 'no signal' when raw is not above chance beyond its interval.")
     missing = [k for k in REPORT_METRICS if raw.get(k) is None]
     if missing:
         notes.append(f"Not measured (dataset absent or unusable): {', '.join(missing)}.")
+    cur = report.get("aam_version_is_current")
+    state = "" if cur is None else (" (the current version)" if cur else " (NOT the current version)")
     notes.append(f"Encoder `{report['encoder_fingerprint']}`, "
-                 + (version_note or f"AAM version `{report['aam_version'] or '—'}`."))
+                 + (version_note or f"AAM version `{report['aam_version'] or '—'}`{state}."))
     return notes
 
 
@@ -156,6 +220,10 @@ def tradeoff_png(report: dict, title: str = "Privacy–utility trade-off") -> by
         y = 1.0 if r["name"] == "raw" else mean_utility_retention(raw, r)
         if x is not None and y is not None:
             points.setdefault((round(x, 9), round(y, 9)), []).append(r["name"])
+            st = (r.get("intervals") or {}).get("privacy_cmap")
+            if st:  # the privacy cMAP's 95% interval as a horizontal bar
+                ax.errorbar([x], [y], xerr=[[x - st["ci_low"]], [st["ci_high"] - x]], fmt="none", ecolor="grey",
+                            capsize=3, lw=1)
     for (x, y), names in points.items():
         is_raw = "raw" in names
         ax.scatter([x], [y], s=40, marker="s" if is_raw else "o", color="black" if is_raw else None)

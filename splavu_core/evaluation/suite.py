@@ -37,6 +37,8 @@ import pyarrow as pa
 
 from ..catalog import METRICS_SCHEMA
 from ..features import VideoFeatures, split_of
+from ..ledger import (DEFAULT_PRIVACY_BUDGET, PRIVACY_BUDGET_ENV, _verdict_one,  # noqa: F401  (verdict rules
+                      budget_verdict)                                             # live in the ledger now)
 from ..store import FeatureStore, StoreError
 
 # task -> dataset that supplies it (the synthetic benchmark's names; override with datasets=).
@@ -282,7 +284,7 @@ def metrics_key(feature_set: str, aam_version: str | None) -> str:
 
 
 def metrics_table(rows: Sequence[dict]) -> pa.Table:
-    return pa.Table.from_pylist([{k: r[k] for k in METRICS_SCHEMA.names} for r in rows], schema=METRICS_SCHEMA)
+    return pa.Table.from_pylist([{k: r.get(k) for k in METRICS_SCHEMA.names} for r in rows], schema=METRICS_SCHEMA)
 
 
 def write_metric_rows(store: FeatureStore, rows: Sequence[dict]) -> list[Path]:
@@ -298,7 +300,7 @@ def write_metric_rows(store: FeatureStore, rows: Sequence[dict]) -> list[Path]:
         for (feature_set, version), new in groups.items():
             key = metrics_key(feature_set, version)
             tasks = {r["task"] for r in new}
-            old = store.fs.read_parquet(key).to_pylist() if store.fs.isfile(key) else []
+            old = metrics_table(store.fs.read_parquet(key).to_pylist()).to_pylist() if store.fs.isfile(key) else []
             kept = [r for r in old if r["task"] not in tasks]
             store.fs.write_parquet(key, metrics_table(kept + list(new)))
             paths.append(store.loc(key))
@@ -310,15 +312,54 @@ def read_metric_rows(store: FeatureStore, feature_set: str, aam_version: str | N
     key = metrics_key(feature_set, aam_version)
     if not store.fs.isfile(key):
         return []
-    return [r for r in store.fs.read_parquet(key).to_pylist()
+    return [r for r in metrics_table(store.fs.read_parquet(key).to_pylist()).to_pylist()
             if r["feature_set"] == feature_set and r["aam_version"] == aam_version]
 
 
 # ---------------------------------------------------------------- the report
 
 def report_row(name: str, rows: Sequence[dict]) -> dict:
-    """One report row (REPORT_KEYS) from a feature set's metric rows; null for a metric never measured."""
-    return {"name": name, **{k: metric_value(rows, t, m) for k, (t, m) in REPORT_METRICS.items()}}
+    """One report row (REPORT_KEYS) from a feature set's metric rows; null for a metric never measured.
+    Rows scored with intervals (splavu_core.evaluation.scoring) add "intervals" {key: {value, sd, ci_low, ci_high,
+    chance, n_seeds, signal}} and, for a non-raw set, "changes" {key: paired difference vs raw with its interval}
+    plus "retention" / "leakage" intervals."""
+    out = {"name": name, **{k: metric_value(rows, t, m) for k, (t, m) in REPORT_METRICS.items()}}
+    iv, ch, extra = {}, {}, {}
+    for k, (t, m) in REPORT_METRICS.items():
+        r = _stat_row(rows, t, m)
+        if r is not None:
+            iv[k] = {**r, "signal": _signal(r, k)}
+        d = _stat_row(rows, t, f"delta_{m}")
+        if d is not None:
+            ch[k] = {**d, "real": d["ci_low"] > 0 or d["ci_high"] < 0}
+    for key, (t, m) in {"ar_retention": ("ar", "retention_top1"), "tad_retention": ("tad", "retention_mAP"),
+                        "ad_retention": ("ad", "retention_auc"), "leakage_removed": ("privacy", "leakage_removed"),
+                        "clip_leakage_removed": ("clip_privacy", "leakage_removed")}.items():
+        r = _stat_row(rows, t, m)
+        if r is not None:
+            extra[key] = r
+    if iv:
+        out["intervals"] = iv
+    if ch:
+        out["changes"] = ch
+    if extra:
+        out["derived_intervals"] = extra
+    return out
+
+
+STAT_KEYS = ("value", "sd", "ci_low", "ci_high", "chance", "n_seeds")
+
+
+def _stat_row(rows: Sequence[dict], task: str, metric: str) -> dict | None:
+    hits = [r for r in rows if r["task"] == task and r["metric"] == metric and r.get("ci_low") is not None]
+    return {k: hits[-1].get(k) for k in STAT_KEYS} if hits else None
+
+
+def _signal(stat: dict, key: str) -> bool | None:
+    """Is the metric beyond chance by more than its interval? None where no chance is defined (e.g. a gap)."""
+    if stat.get("chance") is None:
+        return None
+    return stat["ci_low"] > stat["chance"]
 
 
 def add_derived(raw_row: dict, row: dict) -> dict:
@@ -326,6 +367,8 @@ def add_derived(raw_row: dict, row: dict) -> dict:
     removed = {key: leakage_removed_or_none(raw_row.get(f"{task}_cmap"), row.get(f"{task}_cmap"),
                                             raw_row.get(f"{task}_chance_cmap"))
                for task, key in PRIVACY_TASKS.items()}
+    di = row.get("derived_intervals") or {}
+    removed = {k: (di[k]["value"] if k in di else v) for k, v in removed.items()}
     return {**row, **removed,
             "relative_change": {k: relative_change_or_none(raw_row.get(k), row.get(k)) for k in RELATIVE_KEYS}}
 
@@ -416,12 +459,10 @@ def anonymize_videos(adapter, videos: Sequence[VideoFeatures]) -> list[VideoFeat
 
 def newest_version(store: FeatureStore) -> str | None:
     """The AAM version being published: the newest recorded (by created_at), else the current one."""
-    from ..publish import current_version, read_versions
+    from ..ledger import current_version
+    from ..ledger import newest_version as _newest
 
-    rows = read_versions(store).to_pylist()
-    if not rows:
-        return current_version(store)
-    return max(enumerate(rows), key=lambda ir: (ir[1]["created_at"], ir[0]))[1]["version"]
+    return _newest(store) or current_version(store)
 
 
 def _shard_state(store: FeatureStore, shards: Sequence[str]) -> list:
@@ -512,30 +553,6 @@ def _leakage_on(store: FeatureStore, version: str, dataset: str, shards: list[st
             "leakage_removed": leakage_removed_or_none(raw_c, anon_c, chance)}
 
 
-def budget_verdict(measure: dict, threshold: float) -> tuple[bool, str]:
-    """Does the measured leakage removal meet `threshold` on close-ups AND on action clips? (passed, reason)."""
-    parts = [(name, measure[name]) for name in ("closeups", "clips")
-             if isinstance(measure.get(name), dict) and "skipped" not in measure[name]]
-    if not parts:  # a measure of one dataset only
-        return _verdict_one(measure, threshold)
-    verdicts = [(name, *_verdict_one(m, threshold)) for name, m in parts]
-    ok = all(v[1] for v in verdicts)
-    why = "; ".join(f"{name}: {reason}" for name, _, reason in verdicts)
-    if isinstance(measure.get("clips"), dict) and "skipped" in measure["clips"]:
-        why += f"; action clips not measured ({measure['clips']['skipped']})"
-    return ok, why
-
-
-def _verdict_one(measure: dict, threshold: float) -> tuple[bool, str]:
-    lr = measure["leakage_removed"]
-    if lr is None:  # raw features do not leak above chance: pass only if the anonymized ones do not either
-        ok = measure["anonymized_cmap"] <= measure["chance_cmap"]
-        return ok, ("raw features are at chance; anonymized cMAP "
-                    f"{measure['anonymized_cmap']:.4f} {'<=' if ok else '>'} chance {measure['chance_cmap']:.4f}")
-    ok = lr >= threshold
-    return ok, f"leakage removed {lr:.3f} {'>=' if ok else '<'} budget {threshold:g}"
-
-
 def _is_oracle(store: FeatureStore, version: str) -> bool:
     try:
         return bool(store.fs.read_json(f"aam/{version}/adapter.json")["config"].get("oracle"))
@@ -543,8 +560,6 @@ def _is_oracle(store: FeatureStore, version: str) -> bool:
         return False
 
 
-PRIVACY_BUDGET_ENV = "SPLAVU_PRIVACY_BUDGET"
-DEFAULT_PRIVACY_BUDGET = 0.5
 
 
 def passes_privacy_budget(store: FeatureStore, version: str, threshold: float | None = None) -> tuple[bool, str]:

@@ -1,0 +1,250 @@
+"""Scoring feature sets with intervals: every metric as a mean over probe seeds with a 95% interval, chance beside
+it, and each feature set's change against a reference set (raw) as a PAIRED difference (same seed, same
+resampled test videos) with its interval.
+
+Splits: split="test" trains every probe on the 'train' videos and scores the 'test' videos (the report);
+split="val" trains on 'train' minus the validation videos and scores those (the gates; never the test split).
+A dataset without 'val' videos gets a deterministic validation split carved from its train videos
+(`carve_validation`: whole subjects when subject_id is known, both anomaly labels kept for AD).
+
+    score_sets({"raw": raw, "mine": other}, which=("ar", "ad"), split="val")  -> EvalResult of rows
+    score_features(store, fn, split="val")  -> rows for raw and fn(raw) (the lead's anonymizer candidates)
+
+Row: {feature_set, aam_version, task, metric, value, sd, ci_low, ci_high, chance, n_seeds, split, created_at}.
+Non-reference sets add, per metric, `delta_<metric>` (set − reference, paired), for utility metrics
+`retention_<metric>` = (set − chance) / (reference − chance) (above-chance share kept), and for privacy
+`leakage_removed` = (ref − set) / (ref − chance) of the cMAP, each with its interval.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+
+import numpy as np
+
+from ..features import VideoFeatures
+from . import protocols as P
+from . import stats
+
+UTILITY = {"ar": "top1", "tad": "mAP", "ad": "auc"}       # the seen/utility tasks and their headline metric
+VAL_FRACTION = 0.2
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+# ---------------------------------------------------------------- splits
+
+def _bucket(key: str) -> float:
+    return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 2 ** 32
+
+
+def carve_validation(train: Sequence[VideoFeatures], fraction: float = VAL_FRACTION, label: str | None = None
+                     ) -> tuple[list[VideoFeatures], list[VideoFeatures]]:
+    """Deterministic (hash-based) validation split of train videos: whole subjects (meta subject_id) when known,
+    else videos; with `label` (e.g. 'anomaly') the fraction is taken within each label value."""
+    train = list(train)
+    strata: dict = {}
+    for v in train:
+        strata.setdefault(v.meta.get(label) if label else None, []).append(v)
+    keep, val = [], []
+    for group in strata.values():
+        units = sorted({str(v.meta.get("subject_id") or v.video_id) for v in group}, key=_bucket)
+        n_val = max(1, round(fraction * len(units))) if len(units) > 1 else 0
+        chosen = set(units[:n_val])
+        for v in group:
+            (val if str(v.meta.get("subject_id") or v.video_id) in chosen else keep).append(v)
+    return keep, val
+
+
+def task_split(videos: Sequence[VideoFeatures], split: str, task: str = "") -> tuple[list, list]:
+    """(probe training videos, scored videos) for split 'test' or 'val'."""
+    train = [v for v in videos if v.split == "train"]
+    if split == "test":
+        return train, [v for v in videos if v.split == "test"]
+    if split != "val":
+        raise ValueError(f"split must be 'test' or 'val', got {split!r}")
+    val = [v for v in videos if v.split == "val"]
+    if val:
+        return train, val
+    return carve_validation(train, label="anomaly" if task == "ad" else None)
+
+
+# ---------------------------------------------------------------- running one task
+
+def _usable_attributes(train, test, attributes) -> list[str]:
+    out = []
+    for a in attributes:
+        col = a if a.startswith("attr_") else f"attr_{a}"
+        if all(len({v.meta.get(col) for v in part} - {None}) == 2 for part in (train, test)):
+            out.append(a)
+    return out
+
+
+def privacy_attributes(videos) -> list[str]:
+    return sorted({k for v in videos for k, val in v.meta.items() if k.startswith("attr_") and val is not None})
+
+
+def run_task(task: str, videos: Sequence[VideoFeatures], split: str, seeds: Sequence[int],
+             kw: Mapping | None = None, attributes: Sequence[str] | None = None) -> tuple[P.Scored | None, str | None]:
+    """One protocol on one feature set: (Scored, None) or (None, why it was skipped)."""
+    kw = dict(kw or {})
+    kw.pop("seed", None)
+    if task == "gait":
+        vids = [v for v in videos if v.meta.get("subject_id") is not None]
+        return (P.gait_retrieval(vids), None) if len(vids) >= 2 else (None, "needs >= 2 videos with 'subject_id'")
+    train, test = task_split(videos, split, task)
+    if not train or not test:
+        return None, f"needs train and {split} videos (have {len(train)} / {len(test)})"
+    if task == "ar":
+        return P.action_recognition(train, test, seeds, **kw), None
+    if task in ("bias_f", "bias_m"):
+        if len({v.meta.get("group") for v in test} - {None}) < 2:
+            return None, f"needs a {split} split with >= 2 groups"
+        return dataclasses.replace(P.bias(train, test, seeds, **kw), task=task), None
+    if task == "tad":
+        if not any(v.meta.get("segments") for v in test):
+            return None, f"needs {split} videos with 'segments'"
+        classes = sorted({s[2] for v in train + test for s in (v.meta.get("segments") or [])})
+        return P.temporal_detection(train, test, classes, seeds, **kw), None
+    if task == "ad":
+        for part, name in ((train, "train"), (test, split)):
+            if {v.meta.get("anomaly") for v in part} != {0, 1}:
+                return None, f"needs {name} videos with both anomaly labels 0 and 1"
+        return P.anomaly_detection(train, test, seeds, **kw), None
+    if task in ("privacy", "clip_privacy"):
+        attrs = _usable_attributes(train, test, attributes or privacy_attributes(videos))
+        if not attrs:
+            return None, "no attribute has both classes in train and the scored split"
+        return dataclasses.replace(P.privacy_attack(train, test, attrs, seeds, **kw), task=task), None
+    raise ValueError(f"unknown task {task!r}")
+
+
+# ---------------------------------------------------------------- rows
+
+def _row(feature_set, aam_version, task, metric, stat, chance, split, created_at) -> dict:
+    return {"feature_set": feature_set, "aam_version": aam_version, "task": task, "metric": metric,
+            "value": float(stat["value"]), "sd": float(stat["sd"]), "ci_low": float(stat["ci_low"]),
+            "ci_high": float(stat["ci_high"]), "chance": None if chance is None else float(chance),
+            "n_seeds": int(stat["n_seeds"]), "split": split, "created_at": created_at}
+
+
+def scored_rows(sc: P.Scored, feature_set: str, aam_version: str | None, split: str, created_at,
+                ref: P.Scored | None = None) -> list[dict]:
+    """Rows of one Scored (and, given the reference set's Scored on the same videos, its paired changes)."""
+    rows = []
+    for m, fn in sc.metrics.items():
+        st = stats.interval(fn, sc.n_seeds, None if m in sc.seed_only else sc.n_test, sc.n_boot, same=sc.same_outputs)
+        st = {**st, "ci_low": max(0.0, st["ci_low"]), "ci_high": min(1.0, st["ci_high"])}  # every base metric is in [0, 1]
+        rows.append(_row(feature_set, aam_version, sc.task, m, st, sc.chance.get(m), split, created_at))
+    if ref is None:
+        return rows
+    assert ref.test_ids == sc.test_ids, f"{sc.task}: the two feature sets were scored on different videos"
+    n_seeds = min(ref.n_seeds, sc.n_seeds)
+    same = ref.same_outputs and sc.same_outputs
+    for m, fn in sc.metrics.items():
+        if m not in ref.metrics or m in sc.seed_only:
+            continue
+        d = stats.paired(ref.metrics[m], fn, n_seeds, sc.n_test, sc.n_boot, same=same)
+        rows.append(_row(feature_set, aam_version, sc.task, f"delta_{m}", d, None, split, created_at))
+    chance_of = ref.chance
+    if sc.task in ("privacy", "clip_privacy"):
+        r = _ratio(ref.metrics["cmap"], sc.metrics["cmap"], n_seeds, sc.n_test, chance_of["cmap"], same, sc.n_boot)
+        lr = {**r, "value": 1 - r["value"], "ci_low": 1 - r["ci_high"], "ci_high": 1 - r["ci_low"]}
+        rows.append(_row(feature_set, aam_version, sc.task, "leakage_removed", lr, None, split, created_at))
+    elif sc.task in UTILITY:
+        m = UTILITY[sc.task]
+        r = _ratio(ref.metrics[m], sc.metrics[m], n_seeds, sc.n_test, chance_of[m], same, sc.n_boot)
+        rows.append(_row(feature_set, aam_version, sc.task, f"retention_{m}", r, None, split, created_at))
+    return rows
+
+
+def _ratio(ref_fn, fn, n_seeds, n_test, chance, same=False, n_boot=stats.N_BOOT) -> dict:
+    """(set − chance) / (ref − chance): the value is the ratio of the seed means (what the table shows), the
+    interval's half-width that of the paired per-seed, per-resample ratio."""
+    r = stats.ratio_interval(ref_fn, fn, n_seeds, n_test, offset=chance, n_boot=n_boot, same=same)
+    a = np.mean([ref_fn(s, None) for s in range(n_seeds)]) - chance
+    b = np.mean([fn(s, None) for s in range(n_seeds)]) - chance
+    value = float(b / a) if a > 0 else float("nan")
+    return {**r, "value": value, "ci_low": value - (r["value"] - r["ci_low"]), "ci_high": value + (r["ci_high"] - r["value"])}
+
+
+class EvalResult(list):
+    """Metric rows (a list), plus skipped tasks and each task's Scored per feature set."""
+
+    def __init__(self, rows=(), skipped=None, scored=None):
+        super().__init__(rows)
+        self.skipped = skipped or {}
+        self.scored = scored or {}
+
+
+def score_sets(sets: Mapping[str, Mapping[str, Sequence[VideoFeatures]]], which: Sequence[str],
+               datasets: Mapping[str, str], split: str = "test", seeds: Sequence[int] = P.seeds_from(),
+               probe_kwargs: Mapping[str, dict] | None = None, reference: str = "raw",
+               versions: Mapping[str, str | None] | None = None, created_at=None,
+               log: Callable[[str], None] | None = None) -> EvalResult:
+    """Score every feature set in `sets` (name -> dataset -> videos) on the tasks `which`, with intervals.
+    The reference set (default 'raw') is scored first; the others get paired changes against it.
+    datasets: task -> dataset name. versions: feature set -> aam_version (None for raw/baselines)."""
+    probe_kwargs = dict(probe_kwargs or {})
+    versions = dict(versions or {})
+    created_at = created_at or _now()
+    names = [reference] + [n for n in sets if n != reference] if reference in sets else list(sets)
+    out = EvalResult()
+    for task in which:
+        ds = datasets[task]
+        kw = probe_kwargs.get(task) or (probe_kwargs.get("privacy") if task == "clip_privacy" else None) or \
+            (probe_kwargs.get("bias") if task.startswith("bias") else None) or {}
+        ref_sc, attrs = None, None
+        for name in names:
+            videos = list((sets[name] or {}).get(ds) or [])
+            if not videos:
+                out.skipped[f"{name}:{task}" if name != reference else task] = f"dataset {ds!r} is not in the store"
+                continue
+            sc, why = run_task(task, videos, split, seeds, kw, attrs)
+            if sc is None:
+                out.skipped[f"{name}:{task}" if name != reference else task] = f"dataset {ds!r}: {why}"
+                if log:
+                    log(f"{name}: skipping {task}: {why}")
+                continue
+            if name == reference:
+                ref_sc = sc
+                attrs = sc.details.get("attributes")
+            out.scored.setdefault(task, {})[name] = sc
+            out.extend(scored_rows(sc, name, versions.get(name), "all" if task == "gait" else split, created_at,
+                                   ref=ref_sc if name != reference else None))
+    return out
+
+
+# ---------------------------------------------------------------- the lead's entry point
+
+def apply_features(videos: Sequence[VideoFeatures], features_fn: Callable) -> list[VideoFeatures]:
+    """features_fn over every video's clip sequence (T, D) -> (T, D'); the labels stay."""
+    return [dataclasses.replace(v, feats=np.ascontiguousarray(np.asarray(features_fn(v.feats), np.float32)),
+                                meta=dict(v.meta)) for v in videos]
+
+
+def score_features(store, features_fn: Callable | None = None, split: str = "val",
+                   seeds: Sequence[int] = range(P.N_SEEDS), which: Sequence[str] = ("ar", "tad", "ad", "privacy",
+                                                                                      "clip_privacy"),
+                   name: str = "candidate", datasets: Mapping[str, str] | None = None,
+                   probe_kwargs: Mapping[str, dict] | None = None, features=None) -> list[dict]:
+    """Score raw latents and features_fn(raw) of a store on `split` ('val': never the report's test split),
+    without publishing anything. features_fn maps one video's clip latents (T, D) float32 -> (T, D') (a per-clip
+    map applied to a (T, D) array works as is). Or pass `features`: dataset -> videos already transformed.
+    Returns rows (see module doc): raw rows, the candidate's rows and its paired changes vs raw
+    (delta_*, retention_*, leakage_removed), each with value, sd, ci_low, ci_high, chance, n_seeds."""
+    from ..roles import task_datasets as role_datasets
+    from .suite import load_feature_sets
+
+    ds = role_datasets(store, dict(datasets or {}))
+    which = [t for t in which if t in ds]
+    raw = load_feature_sets(store, which, "raw", datasets=ds)
+    if features is None:
+        assert features_fn is not None, "score_features: pass features_fn or features"
+        features = {d: apply_features(v, features_fn) for d, v in raw.items()}
+    return list(score_sets({"raw": raw, name: features}, which, ds, split=split, seeds=list(seeds),
+                           probe_kwargs=probe_kwargs))

@@ -1,0 +1,203 @@
+"""The two promotion gates, measured on VALIDATION splits the report never scores.
+
+    privacy   the share of above-chance leakage removed, (raw − anon) / (raw − chance) of the attackers' cMAP,
+              on the privacy close-ups AND on the action clips the product publishes; the LOWER end of its 95%
+              interval must meet the budget ($SPLAVU_PRIVACY_BUDGET, default 0.5)
+    utility   every task the AAM was trained with (its "seen" tasks: AR / TAD / AD) keeps a share of the raw
+              features' above-chance utility, (anon − chance) / (raw − chance); it fails when the UPPER end of
+              that interval is below the threshold ($SPLAVU_UTILITY_RETENTION, default 0.9) or when the
+              anonymized features are not above chance beyond their interval
+
+Both are scored by splavu_core.evaluation.scoring with split="val" (the dataset's 'val' videos, or a
+deterministic validation split carved from its train videos), 5 probe seeds, paired raw vs anonymized. The
+measurement is cached per (version, raw shard manifests, seeds, probe settings) in
+<root>/reports/gates/<version>.json, and each verdict is recorded in the version ledger (ledger.record_verdict),
+where publish, the catalog, `splavu neighbors` and the CLI read it. The Dagster asset checks `privacy_budget`
+and `utility_budget` and the promotion in `anonymized_features` all call `evaluate_gates`, so the UI and the
+ledger cannot disagree.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime, timezone
+
+from . import ledger
+from .store import FeatureStore, StoreError
+
+GATE_SEEDS = 5
+PRIVACY_TASKS = ("privacy", "clip_privacy")
+UTILITY_TASKS = ("ar", "tad", "ad")
+
+
+def _key(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _find(obj, name):
+    if isinstance(obj, dict):
+        if name in obj:
+            return obj[name]
+        for v in obj.values():
+            hit = _find(v, name)
+            if hit is not None:
+                return hit
+    return None
+
+
+def seen_tasks(store: FeatureStore, version: str) -> list[str]:
+    """The utility tasks `version` was co-trained with (its adapter.json's train_config.tasks); every utility task
+    when that is not recorded."""
+    try:
+        meta = store.fs.read_json(f"aam/{version}/adapter.json")
+    except FileNotFoundError:
+        return list(UTILITY_TASKS)
+    tc = _find(meta, "train_config")
+    tasks = tc.get("tasks") if isinstance(tc, dict) else None
+    return [t for t in UTILITY_TASKS if t in tasks] if tasks is not None else list(UTILITY_TASKS)
+
+
+def _is_oracle(store: FeatureStore, version: str) -> bool:
+    try:
+        return bool(store.fs.read_json(f"aam/{version}/adapter.json")["config"].get("oracle"))
+    except FileNotFoundError:
+        return False
+
+
+def anonymized_for(store: FeatureStore, version: str, dataset: str, raw_videos):
+    """The version's features of `dataset`: its published tables when complete, else its adapter in memory
+    (identical rows, see suite.anonymize_videos). Returns (videos, source)."""
+    from .aam.io import load_adapter
+    from .evaluation.suite import _raw_shards, anonymize_videos
+    from .publish import load_video_features, published_shards
+
+    shards = _raw_shards(store, dataset)
+    if shards and set(shards) <= published_shards(store, version):
+        return load_video_features(store, source="anonymized", version=version, shards=shards), "published"
+    adapter_dir = store.loc("aam", version)
+    try:
+        adapter, _, meta = load_adapter(adapter_dir, storage_options=getattr(store.fs, "storage_options", None))
+    except FileNotFoundError as e:
+        raise ledger.PublishError(f"version {version}: no published {dataset} tables and no adapter at "
+                                  f"{adapter_dir}") from e
+    if meta["encoder_fingerprint"] != store.encoder_fingerprint():
+        raise ledger.PublishError(f"adapter {adapter_dir} belongs to encoder {meta['encoder_fingerprint']!r}, "
+                                  f"the store to {store.encoder_fingerprint()!r}")
+    return anonymize_videos(adapter, raw_videos), "in-memory"
+
+
+def measure_gates(store: FeatureStore, version: str, base_seed: int = 0, n_seeds: int = GATE_SEEDS,
+                  probe_kwargs: dict | None = None, use_cache: bool = True, datasets: dict | None = None,
+                  utility: bool = True) -> dict:
+    """Score raw vs `version` on the validation splits of the privacy sets and the seen tasks.
+
+    Returns {"version", "split": "val", "seeds", "privacy": {"closeups": m, "clips": m | {"skipped"}},
+    "utility": {task: m | {"skipped"}}, "rows": metric rows, "source": {dataset: published | in-memory}} where a
+    privacy m = {raw_cmap, anonymized_cmap, chance_cmap, leakage_removed, leakage_removed_ci_low/high, ...} and a
+    utility m = {raw, anon, chance, retention, retention_ci_low/high, no_signal, anon_at_chance}."""
+    from .evaluation.scoring import score_sets
+    from .evaluation.suite import _raw_shards, _shard_state, load_feature_sets
+    from .roles import task_datasets
+
+    ds = task_datasets(store, {k: v for k, v in (datasets or {}).items() if v and v != "none"})
+    if (datasets or {}).get("clip_privacy") == "none":
+        ds["clip_privacy"] = None
+    seen = seen_tasks(store, version) if utility else []  # utility=False: the utility gate is off, not measured
+    which = [t for t in (*PRIVACY_TASKS, *seen) if ds.get(t) and _raw_shards(store, ds[t])]
+    seeds = list(range(base_seed, base_seed + n_seeds))
+    shard_state = {t: _shard_state(store, _raw_shards(store, ds[t])) for t in which}
+    key = _key({"version": version, "shards": shard_state, "seeds": seeds, "probe": probe_kwargs or {},
+                "datasets": {t: ds[t] for t in which}, "fingerprint": store.encoder_fingerprint(), "protocol": 2})
+    cache = f"reports/gates/{version}.json"
+    if use_cache and store.fs.isfile(cache):
+        hit = store.fs.read_json(cache)
+        if hit.get("key") == key:
+            return {**hit["measure"], "cached": True}
+    if "privacy" not in which:
+        raise StoreError(f"no privacy dataset with committed latents in {store.root}: the leakage of version "
+                         f"{version} cannot be measured")
+    raw = load_feature_sets(store, which, "raw", datasets=ds)
+    anon, source = {}, {}
+    for d, videos in raw.items():
+        anon[d], source[d] = anonymized_for(store, version, d, videos)
+    res = score_sets({"raw": raw, "splavu": anon}, which, ds, split="val", seeds=seeds, probe_kwargs=probe_kwargs,
+                     versions={"splavu": version})
+    rows = list(res)
+
+    def stat(fs_, task, metric):
+        hits = [r for r in rows if r["feature_set"] == fs_ and r["task"] == task and r["metric"] == metric]
+        return hits[-1] if hits else None
+
+    privacy = {}
+    for task, name in (("privacy", "closeups"), ("clip_privacy", "clips")):
+        r, a, lr = stat("raw", task, "cmap"), stat("splavu", task, "cmap"), stat("splavu", task, "leakage_removed")
+        if r is None or a is None:
+            privacy[name] = {"skipped": res.skipped.get(task, f"{task} not measured")}
+            continue
+        signal = r["ci_low"] > r["chance"]
+        privacy[name] = {"dataset": ds[task], "raw_cmap": r["value"], "raw_cmap_ci": [r["ci_low"], r["ci_high"]],
+                         "anonymized_cmap": a["value"], "anonymized_cmap_ci": [a["ci_low"], a["ci_high"]],
+                         "chance_cmap": r["chance"],
+                         "leakage_removed": lr["value"] if signal and lr else None,
+                         "leakage_removed_ci_low": lr["ci_low"] if signal and lr else None,
+                         "leakage_removed_ci_high": lr["ci_high"] if signal and lr else None}
+    utility = {}
+    for task in seen:
+        m = {"ar": "top1", "tad": "mAP", "ad": "auc"}[task]
+        r, a, ret = stat("raw", task, m), stat("splavu", task, m), stat("splavu", task, f"retention_{m}")
+        if r is None or a is None or ret is None:
+            utility[task] = {"skipped": res.skipped.get(task, f"{task} not measured on validation")}
+            continue
+        utility[task] = {"dataset": ds[task], "metric": m, "raw": r["value"], "raw_ci": [r["ci_low"], r["ci_high"]],
+                         "anon": a["value"], "anon_ci": [a["ci_low"], a["ci_high"]], "chance": r["chance"],
+                         "retention": ret["value"], "retention_ci_low": ret["ci_low"],
+                         "retention_ci_high": ret["ci_high"], "no_signal": not r["ci_low"] > r["chance"],
+                         "anon_at_chance": not a["ci_low"] > r["chance"]}
+    scored = {task: by_set["raw"].test_ids for task, by_set in res.scored.items() if "raw" in by_set}
+    measure = {"version": version, "split": "val", "seeds": seeds, "privacy": privacy, "utility": utility,
+               "seen_tasks": seen, "source": source, "rows": rows, "scored_videos": scored}
+    store.fs.write_json(cache, json.loads(json.dumps({"key": key, "measure": measure,
+                                                      "created_at": datetime.now(timezone.utc).isoformat()},
+                                                     default=str)))
+    return {**measure, "cached": False}
+
+
+def privacy_measure_view(measure: dict) -> dict:
+    """The privacy part in the shape ledger.budget_verdict reads (the weaker set at the top level)."""
+    p = measure["privacy"]
+    parts = [(n, p[n]) for n in ("closeups", "clips") if "skipped" not in p.get(n, {"skipped": 1})]
+    scored = [nm for nm in parts if nm[1]["leakage_removed"] is not None]
+    weaker_name, weaker = (min(scored, key=lambda nm: nm[1]["leakage_removed_ci_low"]) if scored else parts[0])
+    return {**weaker, "weaker": weaker_name, "closeups": p["closeups"], "clips": p.get("clips", {"skipped": "-"})}
+
+
+def evaluate_gates(store: FeatureStore, version: str, privacy_threshold: float | None = None,
+                   utility_fraction: float | None = None, record: bool = True, **kw) -> dict:
+    """Both verdicts on `version`: {"privacy": (passed, why), "utility": (passed, why), "measure": ...}.
+    Fails closed (both False) when the version cannot be measured; recorded in the ledger unless record=False."""
+    pt, uf = ledger.privacy_threshold(privacy_threshold), ledger.utility_fraction(utility_fraction)
+    if _is_oracle(store, version):
+        why = f"version {version} is the oracle diagnostic (trained with private-attribute labels): never current"
+        out = {"privacy": (False, why), "utility": (False, why), "measure": None}
+    else:
+        try:
+            m = measure_gates(store, version, utility=uf > 0, **kw)
+            out = {"privacy": ledger.budget_verdict(privacy_measure_view(m), pt),
+                   "utility": ledger.utility_verdict(m["utility"], uf), "measure": m}
+        except Exception as e:  # cannot measure -> cannot vouch for the version: fail closed
+            why = f"version {version} could not be measured on validation ({type(e).__name__}: {e})"
+            out = {"privacy": (False, why), "utility": (False, why), "measure": None, "error": str(e)}
+    if record:
+        ledger.record_verdict(store, version, "privacy", *out["privacy"], threshold=pt, split="val")
+        ledger.record_verdict(store, version, "utility", *out["utility"], threshold=uf, split="val")
+    return out
+
+
+def passes_gates(store: FeatureStore, version: str) -> tuple[bool, str]:
+    """(both gates pass, why) for promotion."""
+    out = evaluate_gates(store, version)
+    (p_ok, p_why), (u_ok, u_why) = out["privacy"], out["utility"]
+    if p_ok and u_ok:
+        return True, f"privacy: {p_why}; utility: {u_why}"
+    failed = [f"privacy budget: {p_why}"] * (not p_ok) + [f"utility: {u_why}"] * (not u_ok)
+    return False, "; ".join(failed)

@@ -1,0 +1,343 @@
+"""The AAM version ledger: which versions exist, which one is current, the gates' verdicts, refusals,
+promotions (automatic or forced, with the reason) and rollbacks.
+
+    <root>/aam_versions.parquet   one row per recorded version; at most one is_current; `promotion` says how the
+                                  current/once-current version got there ("gate" or "forced: <reason>")
+    <root>/aam_verdicts.json      {version: {"privacy": {passed, why, at, ...}, "utility": {...}}}: the last
+                                  verdict of each gate (measured on validation splits, splavu_core.gates)
+    <root>/aam_promotions.json    {version: iso time}: versions made current once (by the gate or by hand)
+    <root>/aam_refusals.json      {version: {"why", "at"}}: versions a gate kept from becoming current
+    <root>/aam_ledger_log.json    [{"at", "action", "version", "previous", "reason"}]: promote / rollback history
+
+This is a bottom-layer module: it imports only the store (no publish, no evaluation, no catalog), so publish.py,
+catalog.py, neighbors.py and the CLI read verdicts here without pulling in the evaluation suite. The verdict
+rules themselves (budget_verdict, utility_verdict) are pure functions on measurement dicts and live here too.
+"""
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+
+import pyarrow as pa
+
+from .store import FeatureStore, StoreError
+
+VERSIONS_KEY = "aam_versions.parquet"
+PROMOTIONS_FILE = "aam_promotions.json"  # versions made current (automatically or by hand), and when
+REFUSALS_FILE = "aam_refusals.json"      # versions a gate kept from becoming current, and why
+VERDICTS_FILE = "aam_verdicts.json"      # the last verdict of each gate per version
+LOG_FILE = "aam_ledger_log.json"         # promotions and rollbacks, in order
+
+VERSIONS_SCHEMA = pa.schema([("version", pa.string()), ("encoder_fingerprint", pa.string()),
+                             ("config", pa.string()), ("metrics", pa.string()),
+                             ("created_at", pa.timestamp("us", tz="UTC")), ("is_current", pa.bool_()),
+                             ("promotion", pa.string())])
+
+PRIVACY_BUDGET_ENV = "SPLAVU_PRIVACY_BUDGET"
+DEFAULT_PRIVACY_BUDGET = 0.5      # share of above-chance leakage to remove, on the CI's lower end (<= 0: off)
+UTILITY_GATE_ENV = "SPLAVU_UTILITY_GATE"
+DEFAULT_UTILITY_GATE = 0.9   # share of the raw features' above-chance utility a seen task must keep (<= 0: off)
+
+
+class PublishError(StoreError):
+    """A version cannot be published, recorded or promoted (re-exported by splavu_core.publish)."""
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def versions_path(store: FeatureStore):
+    return store.loc(VERSIONS_KEY)
+
+
+# ---------------------------------------------------------------- the versions table
+
+def read_versions(store: FeatureStore) -> pa.Table:
+    """aam_versions.parquet as a table with VERSIONS_SCHEMA (a file written before a column existed gets nulls)."""
+    if not store.fs.isfile(VERSIONS_KEY):
+        return VERSIONS_SCHEMA.empty_table()
+    try:
+        t = store.fs.read_parquet(VERSIONS_KEY)
+    except Exception as e:
+        raise PublishError(f"{versions_path(store)}: unreadable Parquet ({e})") from e
+    for f in VERSIONS_SCHEMA:
+        if f.name not in t.column_names:
+            t = t.append_column(f, pa.nulls(t.num_rows, f.type))
+    return t.select(VERSIONS_SCHEMA.names).cast(VERSIONS_SCHEMA)
+
+
+def _write_versions(store: FeatureStore, rows: list[dict]) -> pa.Table:
+    # at most one current; none until a version is promoted (published everywhere and through both gates)
+    assert sum(bool(r["is_current"]) for r in rows) <= 1, "more than one current AAM version"
+    table = pa.Table.from_pylist([{k: r.get(k) for k in VERSIONS_SCHEMA.names} for r in rows], schema=VERSIONS_SCHEMA)
+    store.fs.write_parquet(VERSIONS_KEY, table)
+    return table
+
+
+def record_version(store: FeatureStore, version: str, meta: dict, metrics: dict | None = None,
+                   make_current: bool = True) -> pa.Table:
+    """Add (or update) `version` in <root>/aam_versions.parquet; returns the new table.
+
+    `meta` needs encoder_fingerprint and config (the adapter's JSON sidecar fits). Re-recording a
+    version keeps its first created_at (retention orders by it) and replaces config/metrics.
+    With make_current=False the version is only recorded: it becomes current when promoted."""
+    fp = meta.get("encoder_fingerprint")
+    if store.encoder_fingerprint() is not None and fp != store.encoder_fingerprint():
+        raise PublishError(f"AAM version {version} belongs to encoder {fp!r}, but the store {store.root} holds "
+                           f"latents of encoder {store.encoder_fingerprint()!r}")
+    if meta.get("version") not in (None, version):
+        raise PublishError(f"meta describes AAM version {meta['version']}, not {version}")
+    with store.lock("aam_versions"):
+        rows = read_versions(store).to_pylist()
+        old = next((r for r in rows if r["version"] == version), None)
+        row = {"version": version, "encoder_fingerprint": fp,
+               "config": json.dumps(meta.get("config", {}), sort_keys=True),
+               "metrics": json.dumps(metrics or {}, sort_keys=True, default=float),
+               "created_at": old["created_at"] if old else _now(),
+               "is_current": bool(old and old["is_current"]), "promotion": old["promotion"] if old else None}
+        rows = [r for r in rows if r["version"] != version] + [row]
+        if make_current:
+            for r in rows:
+                r["is_current"] = r["version"] == version
+        return _write_versions(store, rows)
+
+
+def set_current(store: FeatureStore, version: str, promotion: str | None = None) -> None:
+    """Make an already recorded version the current one (no gate here: see promote())."""
+    with store.lock("aam_versions"):
+        rows = read_versions(store).to_pylist()
+        if version not in {r["version"] for r in rows}:
+            raise PublishError(f"AAM version {version} is not recorded in {versions_path(store)}")
+        for r in rows:
+            r["is_current"] = r["version"] == version
+            if r["version"] == version and promotion is not None:
+                r["promotion"] = promotion
+        _write_versions(store, rows)
+
+
+def current_version(store: FeatureStore) -> str | None:
+    t = read_versions(store)
+    cur = t.filter(t["is_current"])["version"].to_pylist()
+    return cur[0] if cur else None
+
+
+def newest_version(store: FeatureStore) -> str | None:
+    """The most recently recorded version (by created_at), whether or not it is current."""
+    rows = read_versions(store).to_pylist()
+    if not rows:
+        return None
+    return max(enumerate(rows), key=lambda ir: (ir[1]["created_at"], ir[0]))[1]["version"]
+
+
+def created_at(store: FeatureStore, version: str | None) -> datetime:
+    rows = [r for r in read_versions(store).to_pylist() if r["version"] == version]
+    return rows[0]["created_at"] if rows else datetime.min.replace(tzinfo=timezone.utc)
+
+
+# ---------------------------------------------------------------- promotions, refusals, verdicts
+
+def _read_json(store: FeatureStore, key: str, default):
+    try:
+        return store.fs.read_json(key)
+    except FileNotFoundError:
+        return default
+
+
+def promoted_versions(store: FeatureStore) -> dict[str, str]:
+    return _read_json(store, PROMOTIONS_FILE, {})
+
+
+def _mark_promoted(store: FeatureStore, version: str) -> None:
+    done = promoted_versions(store)
+    done[version] = _now().isoformat()
+    store.fs.write_json(PROMOTIONS_FILE, done)
+
+
+def refused_versions(store: FeatureStore) -> dict[str, dict]:
+    """{version: {"why", "at"}} of versions a gate refused (the last verdict of each)."""
+    return _read_json(store, REFUSALS_FILE, {})
+
+
+def record_refusal(store: FeatureStore, version: str, why: str) -> None:
+    with store.lock("aam_refusals"):
+        done = refused_versions(store)
+        done[version] = {"why": why, "at": _now().isoformat()}
+        store.fs.write_json(REFUSALS_FILE, done)
+
+
+def clear_refusal(store: FeatureStore, version: str) -> None:
+    with store.lock("aam_refusals"):
+        done = refused_versions(store)
+        if done.pop(version, None) is not None:
+            store.fs.write_json(REFUSALS_FILE, done)
+
+
+def read_verdicts(store: FeatureStore, version: str | None = None) -> dict:
+    """All recorded gate verdicts {version: {gate: {...}}}, or those of one version ({} when none)."""
+    v = _read_json(store, VERDICTS_FILE, {})
+    return v if version is None else v.get(version, {})
+
+
+def record_verdict(store: FeatureStore, version: str, gate: str, passed: bool, why: str, **extra) -> dict:
+    """Record the verdict of `gate` ('privacy' | 'utility') on `version`; returns it."""
+    verdict = {"passed": bool(passed), "why": why, "at": _now().isoformat(), **extra}
+    with store.lock("aam_verdicts"):
+        allv = read_verdicts(store)
+        allv.setdefault(version, {})[gate] = json.loads(json.dumps(verdict, default=float))
+        store.fs.write_json(VERDICTS_FILE, allv)
+    return verdict
+
+
+def approved_versions(store: FeatureStore) -> list[str]:
+    """Versions analysts may read: the current one and every one made current before.
+    A version never promoted (refused by a gate, or still rolling out) stays out of the catalog."""
+    cur = current_version(store)
+    return sorted(set(promoted_versions(store)) | ({cur} if cur else set()))
+
+
+def ledger_log(store: FeatureStore) -> list[dict]:
+    return _read_json(store, LOG_FILE, [])
+
+
+def _log(store: FeatureStore, action: str, version: str, previous: str | None, reason: str) -> None:
+    log = ledger_log(store)
+    log.append({"at": _now().isoformat(), "action": action, "version": version, "previous": previous,
+                "reason": reason})
+    store.fs.write_json(LOG_FILE, log)
+
+
+def gates_passed(store: FeatureStore, version: str) -> tuple[bool, str]:
+    """Did both recorded gates pass for `version`? (False with the reasons when one failed or was never run.)"""
+    v = read_verdicts(store, version)
+    missing = [g for g in ("privacy", "utility") if g not in v]
+    failed = [f"{g}: {v[g]['why']}" for g in ("privacy", "utility") if g in v and not v[g]["passed"]]
+    if failed:
+        return False, "; ".join(failed)
+    if missing:
+        return False, f"gate(s) {missing} not run on version {version}"
+    return True, f"privacy: {v['privacy']['why']}; utility: {v['utility']['why']}"
+
+
+def promote(store: FeatureStore, version: str, *, force: bool = False, reason: str = "",
+            require_verdicts: bool = True) -> str:
+    """Make `version` current by hand. A version whose recorded verdicts do not both pass is promoted only with
+    force=True and a non-empty reason; the reason is kept in aam_versions.promotion and in the ledger log.
+    Returns the previous current version's id ('' when none). Raises PublishError."""
+    recorded = read_versions(store)["version"].to_pylist()
+    if version not in recorded:
+        raise PublishError(f"AAM version {version!r} is not recorded in {versions_path(store)} "
+                           f"(known: {recorded or 'none'})")
+    ok, why = gates_passed(store, version) if require_verdicts else (True, "verdicts not required")
+    if not ok and not force:
+        raise PublishError(f"version {version} did not pass the gates ({why}); promote it anyway only with "
+                           f"--force --reason TEXT")
+    if force and not ok and not reason.strip():
+        raise PublishError("a forced promotion needs --reason TEXT (kept in the version ledger)")
+    with store.lock("aam_promotions"):
+        prev = current_version(store)
+        label = "gate" if ok else f"forced: {reason.strip()}"
+        set_current(store, version, promotion=label)
+        _mark_promoted(store, version)
+        _log(store, "promote" if ok else "force-promote", version, prev, reason.strip() or why)
+    return prev or ""
+
+
+def rollback(store: FeatureStore, reason: str = "") -> tuple[str, str]:
+    """Make the version that was current before the present one current again (from the ledger log, else the
+    newest other version that was ever promoted). Returns (from, to). Raises PublishError when there is none."""
+    cur = current_version(store)
+    if cur is None:
+        raise PublishError("no AAM version is current: nothing to roll back")
+    candidates = [e["previous"] for e in reversed(ledger_log(store))
+                  if e["version"] == cur and e["action"] in ("promote", "force-promote", "auto-promote")
+                  and e.get("previous")]
+    promoted = promoted_versions(store)
+    if not candidates:
+        others = sorted((p for p in promoted if p != cur), key=lambda p: promoted[p], reverse=True)
+        candidates = others
+    recorded = set(read_versions(store)["version"].to_pylist())
+    target = next((c for c in candidates if c in recorded and c != cur), None)
+    if target is None:
+        raise PublishError(f"version {cur} is current and no earlier version was ever current: nothing to roll back to")
+    with store.lock("aam_promotions"):
+        set_current(store, target)
+        _log(store, "rollback", target, cur, reason or f"rolled back from {cur}")
+    return cur, target
+
+
+def log_auto_promotion(store: FeatureStore, version: str, previous: str | None, why: str) -> None:
+    _mark_promoted(store, version)
+    _log(store, "auto-promote", version, previous, why)
+
+
+# ---------------------------------------------------------------- the verdict rules (pure)
+
+def privacy_threshold(threshold: float | None = None) -> float:
+    return float(os.environ.get(PRIVACY_BUDGET_ENV, DEFAULT_PRIVACY_BUDGET)) if threshold is None else float(threshold)
+
+
+def utility_fraction(fraction: float | None = None) -> float:
+    return float(os.environ.get(UTILITY_GATE_ENV, DEFAULT_UTILITY_GATE)) if fraction is None else float(fraction)
+
+
+def budget_verdict(measure: dict, threshold: float) -> tuple[bool, str]:
+    """Does the measured leakage removal meet `threshold` on close-ups AND on action clips? (passed, reason).
+    Where the measure carries an interval (leakage_removed_ci_low), its LOWER end must meet the budget."""
+    parts = [(name, measure[name]) for name in ("closeups", "clips")
+             if isinstance(measure.get(name), dict) and "skipped" not in measure[name]]
+    if not parts:  # a measure of one dataset only
+        return _verdict_one(measure, threshold)
+    verdicts = [(name, *_verdict_one(m, threshold)) for name, m in parts]
+    ok = all(v[1] for v in verdicts)
+    why = "; ".join(f"{name}: {reason}" for name, _, reason in verdicts)
+    if isinstance(measure.get("clips"), dict) and "skipped" in measure["clips"]:
+        why += f"; action clips not measured ({measure['clips']['skipped']})"
+    return ok, why
+
+
+def _verdict_one(measure: dict, threshold: float) -> tuple[bool, str]:
+    lr = measure["leakage_removed"]
+    if threshold <= 0 and measure.get("leakage_removed_ci_low") is not None:  # no removal required: the gate is off
+        return True, f"privacy budget off (budget {threshold:g}; leakage removed {lr:.3f})"
+    if lr is None:  # raw features do not leak above chance: pass only if the anonymized ones do not either
+        ok = measure["anonymized_cmap"] <= measure["chance_cmap"]
+        return ok, ("raw features are at chance; anonymized cMAP "
+                    f"{measure['anonymized_cmap']:.4f} {'<=' if ok else '>'} chance {measure['chance_cmap']:.4f}")
+    low = measure.get("leakage_removed_ci_low")
+    if low is None:
+        ok = lr >= threshold
+        return ok, f"leakage removed {lr:.3f} {'>=' if ok else '<'} budget {threshold:g}"
+    ok = low >= threshold
+    return ok, (f"leakage removed {lr:.3f} (95% CI low {low:.3f}) {'>=' if ok else '<'} budget {threshold:g}")
+
+
+def utility_verdict(measures: dict[str, dict], fraction: float) -> tuple[bool, str]:
+    """Every seen task keeps `fraction` of its above-chance utility, noise taken into account.
+
+    measures: task -> {"raw", "anon", "chance", "retention", "retention_ci_high", "raw_ci_low", "skipped"?}.
+    A task fails when the UPPER end of its retention interval is below `fraction` (a loss larger than the noise),
+    or when its anonymized value is not above chance beyond its interval (a version at chance never passes).
+    A task whose raw features are not above chance has nothing to retain and is skipped (said so).
+    fraction <= 0 turns the gate off (every task passes; said so)."""
+    if fraction <= 0:
+        return True, f"utility gate off (threshold {fraction:g})"
+    parts, ok = [], True
+    for task, m in measures.items():
+        if m.get("skipped"):
+            parts.append(f"{task}: not measured ({m['skipped']})")
+            continue
+        if m.get("no_signal"):
+            parts.append(f"{task}: raw features at chance, nothing to retain")
+            continue
+        hi = m["retention_ci_high"]
+        at_chance = m.get("anon_at_chance", False)
+        passed = hi >= fraction and not at_chance
+        ok = ok and passed
+        tail = "; anonymized at chance" if at_chance else ""
+        parts.append(f"{task}: retention {m['retention']:.3f} (95% CI high {hi:.3f}) {'>=' if passed else '<'} "
+                     f"{fraction:g}{tail}")
+    if not parts:
+        return False, "no seen task could be measured"
+    return ok, "; ".join(parts)
