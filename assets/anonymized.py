@@ -25,6 +25,7 @@ from pipeline.partitions import shards
 from pipeline.resources import StoreResource
 from splavu_core import costs
 from splavu_core.ledger import clear_refusal, log_auto_promotion
+from splavu_core.neighbors import prune_indexes
 from splavu_core.publish import (PublishError, anonymize_shard, apply_retention, current_version,
                                  promoted_versions, published_rows, published_shards, read_versions, record_refusal,
                                  set_current, versions_path)
@@ -168,6 +169,7 @@ def anonymized_features(context: dg.AssetExecutionContext, config: AnonymizeConf
         md["max_abs_change"] = float(res["max_abs_change"])
     if config.retention:
         kept = apply_retention(fs, config.retention)
+        kept["indexes_pruned"] = prune_indexes(fs)  # a neighbour index goes with its version's tables
         md["retention"] = dg.MetadataValue.json(kept)
         if kept["deleted"]:
             context.log.info(f"retention (newest {config.retention}): deleted tables of {kept['deleted']}")

@@ -278,9 +278,6 @@ def apply_retention(store: FeatureStore, keep: int) -> dict:
             if not store.fs.listdir(d):
                 store.fs.delete(d)
             deleted.append(v)
-    from .neighbors import prune_indexes  # an index goes with its version's tables
-
-    prune_indexes(store)
     on_disk = {v for v in store.fs.listdir("anonymized") if store.fs.isdir(anonymized_key(v))}
     return {"deleted": deleted, "kept": sorted(kept), "protected": protected, "bytes_freed": freed,
             "untracked": sorted(on_disk - recorded)}

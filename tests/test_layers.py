@@ -3,19 +3,15 @@
 Every import counts, at module level or inside a function: an import moved into a function hides a circle from
 Python's loader, not from the design. The graph is read from the source (AST), so nothing is imported here.
 
-One circle is known and left to the version-ledger move of issue 19: publish -> neighbors (index pruning) ->
-evaluation.suite (the privacy-budget verdict) -> catalog -> publish (versions, current, refusals). Moving versions,
-current, verdicts, refusals and promotions out of publish.py into a bottom-layer splavu_core/ledger.py breaks it;
-until then this test is an expected failure for exactly that circle, and fails for any other.
+The last circle, publish -> neighbors -> evaluation.suite -> catalog -> publish, went when versions, verdicts and
+promotions moved into the bottom-layer splavu_core/ledger.py (issue 19) and index pruning moved from publish's
+retention to its caller (anonymized_features).
 """
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("splavu_core", "pipeline", "assets")
-KNOWN = {"splavu_core.publish", "splavu_core.neighbors", "splavu_core.evaluation.suite", "splavu_core.catalog"}
 
 
 def modules() -> dict[str, Path]:
@@ -80,18 +76,14 @@ def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
 
 
 def test_the_graph_sees_imports_inside_functions():
-    """The reader itself: a function-level relative import is an edge (publish imports neighbors only inside
-    apply_retention)."""
+    """The reader itself: a function-level relative import is an edge (publish imports aam.io only inside
+    _load_checked_adapter)."""
     known = modules()
-    assert "splavu_core.neighbors" in imports_of("splavu_core.publish", known["splavu_core.publish"], known)
+    assert "splavu_core.aam.io" in imports_of("splavu_core.publish", known["splavu_core.publish"], known)
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
 
 
 def test_no_import_circle():
     known = modules()
     found = cycles({name: imports_of(name, path, known) for name, path in known.items()})
-    unexpected = [sorted(c) for c in found if c != KNOWN]
-    assert not unexpected, f"import circles: {unexpected}"
-    if found:
-        pytest.xfail(f"the known circle {sorted(KNOWN)} remains until the version ledger moves out of publish.py "
-                     f"(issue 19)")
+    assert not found, f"import circles: {[sorted(c) for c in found]}"
