@@ -228,7 +228,8 @@ def anonymize_shard(store: FeatureStore, shard: str, adapter_dir) -> dict:
     table = _anonymized_table(index, feats, version, fp)
     assert_no_raw_latents(table, clips)
     store.fs.write_parquet(anonymized_key(version, shard), table)
-    return {**base, "rows": table.num_rows, "max_abs_change": max_change, "seconds": time.perf_counter() - t0,
+    change = {} if np.isnan(max_change) else {"max_abs_change": max_change}  # none for a narrower (keep) table
+    return {**base, "rows": table.num_rows, **change, "seconds": time.perf_counter() - t0,
             "skipped": False}
 
 

@@ -128,7 +128,9 @@ def test_every_shard_published_from_cached_latents_only(env):
         md = env.first["shards"][s]
         clips = fs.committed(s)["clips"]
         assert md["skipped"] is False and md["rows"] == clips and md["aam_version"] == env.v1
-        assert md["clips_per_s"] > 0 and md["max_abs_change"] > 0
+        assert md["clips_per_s"] > 0
+        # a full-width adapter reports how far it moved the latents; a keep adapter publishes fewer dims
+        assert md["max_abs_change"] > 0 if "max_abs_change" in md else md["dim"] < fs.committed(s)["dim"]
         table = pq.read_table(pub.anonymized_path(fs, env.v1, s))
         assert table.num_rows == clips and table.schema.field("feature").type.list_size == md["dim"]
         # the only vector column is `feature`, and none of its rows is a raw latent
