@@ -1,6 +1,6 @@
 """The keep family's privacy–utility curve and operating point on validation, and its task ablation (prints JSON).
 
-    python benchmarks/keep_sweep.py --store store --k 8 14 20 24 32                  # curve + operating point (val)
+    python benchmarks/keep_sweep.py --store store --k 8 14 20 24 32 [--mark VERSION]  # curve + operating point (val)
     python benchmarks/keep_sweep.py --store store --split test --seen ar tad ad ar,tad ar,ad tad,ad ar,tad,ad
 
 Each member is fitted exactly as `aam_model` fits the keep stage (TrainConfig's keep_* fields; utility labels
@@ -57,7 +57,7 @@ def operating_point(members: list[dict], budget: float, floor: float) -> dict | 
     return max(ok, key=lambda m: m["k"]) if ok else None
 
 
-def plot(members: list[dict], chosen: dict | None, path: Path) -> None:
+def plot(members: list[dict], chosen: dict | None, path: Path, marks: list[dict] = ()) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -75,6 +75,10 @@ def plot(members: list[dict], chosen: dict | None, path: Path) -> None:
         if chosen and chosen in pts:
             i = pts.index(chosen)
             ax.plot([x[i]], [y[i]], "*", ms=14, color="tab:red", label=f"chosen k={chosen['k']}")
+        for m in marks:
+            if task in m and "privacy" in m and "clip_privacy" in m:
+                ax.errorbar([min(m["privacy"][0], m["clip_privacy"][0])], [m[task][0]],
+                            yerr=[[m[task][0] - m[task][1]], [m[task][2] - m[task][0]]], fmt="s", label=m["name"])
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xlabel("weaker leakage removed (close-ups, action clips)")
         ax.set_ylabel(f"{task.upper()}: share of raw's above-chance utility kept")
@@ -93,6 +97,7 @@ def main():
     ap.add_argument("--budget", type=float, default=privacy_threshold(), help="default: the privacy gate's")
     ap.add_argument("--floor", type=float, default=utility_fraction(), help="default: the utility gate's")
     ap.add_argument("--w-motion", type=float, help="keep_w_motion (default: TrainConfig's)")
+    ap.add_argument("--mark", nargs="*", default=[], help="published AAM versions to score beside the family")
     ap.add_argument("--seen", nargs="*", default=[], help="task ablation: one member per task set (ar, ar,tad, ...)")
     args = ap.parse_args()
     fs = FeatureStore(args.store)
@@ -110,13 +115,22 @@ def main():
             name = f"keep k={k}" + (f" seen {seen}" if args.seen else "")
             sets[name] = {d: [dataclasses.replace(v, feats=apply_keep(fit, v.feats)) for v in vs] for d, vs in raw.items()}
             members.append({"name": name, "k": k, "seen": list(tasks)})
+    marks = []
+    for version in args.mark:  # published AAM versions (e.g. the previous default) on the same view
+        name = f"AAM {version}"
+        sets[name] = load_feature_sets(fs, which, "anonymized", version, datasets=ds)
+        marks.append({"name": name, "seen": ["ar", "tad", "ad"]})
     rows = score_sets(sets, which, ds, split=args.split, seeds=args.seeds)
+    for m in marks:
+        m.update(summarise(rows, m["name"]))
+        print(json.dumps(m), flush=True)
     for m in members:
         m.update(summarise(rows, m["name"]))
         print(json.dumps(m), flush=True)
     raw_rows = [{k: r[k] for k in ("task", "metric", "value", "ci_low", "ci_high", "chance")} for r in rows
                 if r["feature_set"] == "raw"]
-    out = {"split": args.split, "seeds": args.seeds, "budget": args.budget, "floor": args.floor, "members": members, "raw": raw_rows,
+    out = {"split": args.split, "seeds": args.seeds, "budget": args.budget, "floor": args.floor, "members": members,
+           "marks": marks, "raw": raw_rows,
            "keep_w_motion": cfg.keep_w_motion, "seconds": round(time.perf_counter() - t0, 1)}
     (fs.root / "reports").mkdir(exist_ok=True)
     if args.seen:
@@ -125,7 +139,7 @@ def main():
     chosen = operating_point(members, args.budget, args.floor)
     out["chosen_k"] = chosen and chosen["k"]
     (fs.root / "reports" / "keep_family.json").write_text(json.dumps(out, indent=1))
-    plot(members, chosen, fs.root / "reports" / "keep_family.png")
+    plot(members, chosen, fs.root / "reports" / "keep_family.png", marks)
     print(json.dumps({"chosen_k": out["chosen_k"], "budget": args.budget, "split": args.split,
                       "seconds": out["seconds"]}), flush=True)
 
