@@ -98,6 +98,8 @@ def main():
     ap.add_argument("--floor", type=float, default=utility_fraction(), help="default: the utility gate's")
     ap.add_argument("--w-motion", type=float, help="keep_w_motion (default: TrainConfig's)")
     ap.add_argument("--mark", nargs="*", default=[], help="published AAM versions to score beside the family")
+    ap.add_argument("--variant", nargs="*", default=[],
+                    help="ablation variants (pipeline/ablations.py) trained in memory and scored beside the family")
     ap.add_argument("--seen", nargs="*", default=[], help="task ablation: one member per task set (ar, ar,tad, ...)")
     args = ap.parse_args()
     fs = FeatureStore(args.store)
@@ -116,6 +118,16 @@ def main():
             sets[name] = {d: [dataclasses.replace(v, feats=apply_keep(fit, v.feats)) for v in vs] for d, vs in raw.items()}
             members.append({"name": name, "k": k, "seen": list(tasks)})
     marks = []
+    for variant in args.variant:  # an ablation variant trained in memory (e.g. the paper's objective, the oracle)
+        from pipeline.ablations import AblationConfig
+        from splavu_core.aam.train import load_oracle_labels, train_aam
+        from splavu_core.evaluation.suite import anonymize_videos
+
+        vcfg = AblationConfig().variant_train_config(variant)
+        vdata = load_oracle_labels(fs, data) if vcfg.oracle else data
+        adapter, _, _ = train_aam(vdata, vcfg, log=None)
+        sets[variant] = {d: anonymize_videos(adapter, vs) for d, vs in raw.items()}
+        marks.append({"name": variant, "seen": list(vcfg.tasks)})
     for version in args.mark:  # published AAM versions (e.g. the previous default) on the same view
         name = f"AAM {version}"
         sets[name] = load_feature_sets(fs, which, "anonymized", version, datasets=ds)
