@@ -248,19 +248,22 @@ def fit_utility_keep(data: TrainingData, tasks, k: int, w_motion: float = 0.0, w
     return fit_keep(task_videos, static, k, w_motion=w_motion, w_app=w_app, tad_phases=tad_phases)
 
 
-def _fit_keep_into(adapter, data: TrainingData, cfg: TrainConfig, log) -> dict:
-    from .erasure import ErasureFit, apply_erasure
+def _load_buffers(module, **arrays) -> None:
+    """Copy fitted numpy arrays into a frozen stage's buffers of the same names."""
+    with torch.no_grad():
+        for name, a in arrays.items():
+            getattr(module, name).copy_(torch.from_numpy(a))
 
+
+def _fit_keep_into(adapter, data: TrainingData, cfg: TrainConfig, log) -> dict:
     transform = None
-    if adapter.erase is not None:
-        e = adapter.erase
-        fit = ErasureFit(e.mean.numpy(), e.read.numpy(), e.write.numpy(), np.zeros(0))
-        transform = lambda x: apply_erasure(fit, x)  # noqa: E731
+    if adapter.erase is not None:  # the keep stage sees what the adapter's own (fitted) erasure leaves
+        def transform(x):
+            with torch.no_grad():
+                return adapter.erase(torch.from_numpy(np.ascontiguousarray(x, np.float32))).numpy()
     k = adapter.cfg.keep
     fit = fit_utility_keep(data, cfg.tasks, k, cfg.keep_w_motion, cfg.keep_w_app, cfg.keep_tad_phases, transform)
-    with torch.no_grad():
-        adapter.keep.mean.copy_(torch.from_numpy(fit.mean))
-        adapter.keep.proj.copy_(torch.from_numpy(fit.proj))
+    _load_buffers(adapter.keep, mean=fit.mean, proj=fit.proj)
     ev = fit.eigenvalues
     if log:
         log(f"keep: publishing {k} utility directions of {data.dim} (tasks {', '.join(cfg.tasks) or 'none: motion'}; "
@@ -271,10 +274,7 @@ def _fit_keep_into(adapter, data: TrainingData, cfg: TrainConfig, log) -> dict:
 def _fit_erasure_into(adapter, data: TrainingData, fit_idx: np.ndarray, cfg: TrainConfig, log) -> dict:
     rank = adapter.cfg.erase_rank
     fit = fit_appearance_erasure(data, fit_idx, rank, cfg.erase_w_action, cfg.erase_w_temporal)
-    with torch.no_grad():
-        adapter.erase.mean.copy_(torch.from_numpy(fit.mean))
-        adapter.erase.read.copy_(torch.from_numpy(fit.read))
-        adapter.erase.write.copy_(torch.from_numpy(fit.write))
+    _load_buffers(adapter.erase, mean=fit.mean, read=fit.read, write=fit.write)
     ev = fit.eigenvalues
     if log:
         log(f"erasure: removed {rank} appearance directions (ratio {ev[0]:.2f} .. {ev[rank - 1]:.2f}; "
