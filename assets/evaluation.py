@@ -6,14 +6,14 @@
     privacy_utility_report    <root>/reports/privacy_utility.{json,md,png}: one row per feature set and the
                               cost of each approach (splavu_core.costs), attached to the materialisation
     privacy_budget            BLOCKING check on anonymized_features: share of above-chance leakage removed
-    utility_retention         WARN check on privacy_utility_report: each utility metric >= fraction of raw
+    utility_retention         WARN check on privacy_utility_report: the utility gate's rule (ledger.utility_fraction)
+                              on the report's test split, for every task, seen or not
 
 Upstream assets are referred to by key only (anonymized_features, clip_latents), so this module
 imports none of their code. Every head is trained fresh on the features it scores.
 """
 
 import base64
-import os
 
 import dagster as dg
 from pydantic import Field
@@ -24,10 +24,9 @@ from splavu_core.evaluation.scoring import score_sets
 from splavu_core.evaluation.suite import (DEFAULT_DATASETS, RAW, UTILITY_KEYS, build_report, load_feature_sets,
                                           newest_version, read_metric_rows, write_metric_rows)
 from splavu_core.evaluation.suite import DEFAULT_PRIVACY_BUDGET, PRIVACY_BUDGET_ENV
-from splavu_core.gates import evaluate_gates, privacy_measure_view
+from splavu_core.gates import evaluate_gates, privacy_measure_view, seen_tasks
 from splavu_core.ledger import (DEFAULT_UTILITY_GATE, UTILITY_GATE_ENV, privacy_threshold, record_verdict,
                                 utility_fraction)
-from splavu_core.evaluation.suite import utility_retention as retention_per_metric
 from splavu_core import costs
 from splavu_core.baselines import eval_shards, existing_baselines, stale_shards
 from splavu_core.publish import current_version
@@ -37,9 +36,6 @@ ANONYMIZED = dg.AssetKey("anonymized_features")
 CLIP_LATENTS = dg.AssetKey("clip_latents")
 SPLAVU = "splavu"
 GROUP = "evaluation"
-
-UTILITY_RETENTION_ENV = "SPLAVU_UTILITY_RETENTION"
-DEFAULT_UTILITY_RETENTION = 0.97
 
 
 class ProbeSettings(dg.Config):
@@ -328,34 +324,54 @@ def utility_budget(context: dg.AssetCheckExecutionContext, config: UtilityBudget
 
 
 class UtilityRetentionConfig(dg.Config):
-    fraction: float | None = Field(default=None, description=f"each utility metric of splavu must be >= fraction x raw "
-                                   f"(default ${UTILITY_RETENTION_ENV} or {DEFAULT_UTILITY_RETENTION})")
-
-    def resolved_fraction(self) -> float:
-        if self.fraction is not None:
-            return float(self.fraction)
-        return float(os.environ.get(UTILITY_RETENTION_ENV, DEFAULT_UTILITY_RETENTION))
+    fraction: float | None = Field(default=None, description=f"share of raw's above-chance utility each task must keep, "
+                                   f"at the upper end of its interval (default: the utility gate's, ${UTILITY_GATE_ENV} "
+                                   f"or {DEFAULT_UTILITY_GATE})")
 
 
-def retention_verdict(report: dict, fraction: float, name: str = SPLAVU) -> tuple[bool, dict, list[str]]:
-    """(passed, retention per utility metric, failures) of the row `name` against the raw row."""
+RETENTION_OF = {"ar_top1": "ar_retention", "tad_map": "tad_retention", "ad_auc": "ad_retention"}
+
+
+def retention_verdict(report: dict, fraction: float, name: str = SPLAVU,
+                      seen: list[str] | None = None) -> tuple[bool, dict, list[str]]:
+    """(passed, retention per utility metric, failures) of the row `name` against the raw row, by the utility
+    gate's rule: the share of raw's above-chance utility kept fails only when its interval's upper end is below
+    `fraction`. A report scored without intervals falls back to the point share. seen: tasks marked in messages."""
     rows = {r["name"]: r for r in report["rows"]}
     if RAW not in rows or name not in rows:
         return False, {}, [f"report has no {RAW!r} and {name!r} rows"]
-    ret = retention_per_metric(rows[RAW], rows[name])
-    fails = [f"{k}: {v:.3f} of raw < {fraction:g}" for k, v in ret.items() if v is not None and v < fraction]
+    raw, row = rows[RAW], rows[name]
+    ret, fails = {}, []
+    for key, rkey in RETENTION_OF.items():
+        st = (row.get("derived_intervals") or {}).get(rkey)
+        tag = "" if seen is None else (" (seen)" if key.split("_")[0] in seen else " (unseen)")
+        if st is not None and st.get("value") is not None and st["value"] == st["value"]:
+            ret[key] = st["value"]
+            if st["ci_high"] < fraction:
+                fails.append(f"{key}{tag}: keeps {st['value']:.3f} [{st['ci_low']:.3f}, {st['ci_high']:.3f}] of raw's "
+                             f"above-chance utility < {fraction:g}")
+            continue
+        chance = ((raw.get("intervals") or {}).get(key) or {}).get("chance") or 0.0
+        r, a = raw.get(key), row.get(key)
+        ret[key] = None if r is None or a is None or r <= chance else float((a - chance) / (r - chance))
+        if ret[key] is not None and ret[key] < fraction:
+            fails.append(f"{key}{tag}: keeps {ret[key]:.3f} of raw's above-chance utility < {fraction:g}")
     return not fails, ret, fails
 
 
 @dg.asset_check(asset=privacy_utility_report, blocking=False,
-                description="Warns when AR top-1, TAD mAP or AD AUC of the anonymized features falls below the "
-                            "configured fraction of raw.")
+                description="Warns when AR, TAD or AD of the anonymized features keeps less than the utility gate's "
+                            "share of raw's above-chance utility on the report's test split (the upper end of the 95% "
+                            "interval below it), for every task, seen in training or not.")
 def utility_retention(context: dg.AssetCheckExecutionContext, config: UtilityRetentionConfig,
                       store: StoreResource) -> dg.AssetCheckResult:
-    fraction = config.resolved_fraction()
-    report = read_report(store.store())
-    passed, ret, fails = retention_verdict(report, fraction)
-    md = {"fraction": fraction, "aam_version": report["aam_version"],
+    fs = store.store()
+    fraction = utility_fraction(config.fraction)
+    report = read_report(fs)
+    seen = seen_tasks(fs, report["aam_version"]) if report.get("aam_version") else None
+    passed, ret, fails = retention_verdict(report, fraction, seen=seen)
+    md = {"fraction": fraction, "aam_version": report["aam_version"], "split": "test",
+          "seen_tasks": dg.MetadataValue.json(seen),
           **{f"{k}_retention": (v if v is not None else float("nan")) for k, v in ret.items()}}
     return dg.AssetCheckResult(passed=passed, severity=dg.AssetCheckSeverity.WARN, metadata=md,
                                description="all utility metrics retained" if passed else "; ".join(fails))

@@ -1,5 +1,6 @@
-"""Ablations (paper Tab. 4, 5, 9): one AAM per variant, trained from the same cached latents, scored with
-the privacy-utility report schema.
+"""Ablations (paper Tab. 2, 4, 5, 9): one AAM per variant, trained from the same cached latents, scored with
+the privacy-utility report schema and its intervals (n_seeds probe seeds + a bootstrap over the test videos,
+every change paired with raw on the same seeds and resamples).
 
     ablation_variant   static partitions, one per variant: trains its AAM (splavu_core.aam.train), anonymizes
                        the raw latents of every evaluation dataset IN MEMORY (nothing is published), runs the
@@ -8,7 +9,8 @@ the privacy-utility report schema.
     job `ablations`    both; pipeline/runner.py `run_ablations()` runs them in-process (`splavu ablations`)
 
 Variants (each a delta on the base AAM config, assets.aam.AAMTrainingConfig's defaults unless configured):
-the keep family (default, keep_k8/24/32, keep_no_motion, keep_learned, keep_after_erasure) beside
+the keep family (default, keep_k8/24/32, keep_no_motion, keep_unshrunk, keep_dynamic, keep_learned,
+keep_after_erasure) beside
 previous_default and the paper's objective; tasks seen in training, every single task and pair (tasks_ar ..
 tasks_all); and, on the previous default's trained family: losses (loss_all, loss_no_lt = no utility task,
 loss_no_lb = no privacy loss and no erasure, loss_no_llc = w_lc 0), the w_lc sweep (wlc_0 .. wlc_1000) and the
@@ -31,9 +33,9 @@ from pipeline.resources import StoreResource
 from splavu_core.aam.io import adapter_version
 from splavu_core.aam.train import load_oracle_labels, load_training_data, train_aam
 from splavu_core.evaluation.report import ablation_markdown, write_ablation_report
-from splavu_core.evaluation.suite import (RAW, TASKS, _key, _safe, _shard_state,
-                                          add_derived, anonymize_videos, build_report,
-                                          evaluate_feature_set, load_feature_sets, report_row)
+from splavu_core.evaluation.scoring import score_sets
+from splavu_core.evaluation.suite import (RAW, TASKS, _key, _safe, _shard_state, add_derived, anonymize_videos,
+                                          build_report, load_feature_sets, report_row)
 from splavu_core.registry import dataset_of
 from splavu_core.roles import training_plan
 from splavu_core.store import FeatureStore
@@ -56,6 +58,8 @@ VARIANTS: dict[str, dict] = {
     # the keep family (issue 22): width, the motion directions, a learned block on top, the erasure before it
     **{f"keep_k{k}": {"adapter": {"keep": k}} for k in (8, 24, 32)},
     "keep_no_motion": {"keep_w_motion": 0.0},
+    "keep_unshrunk": {"keep_ridge": 1e-3},  # the first keep default: no shrinkage of the discriminant
+    "keep_dynamic": {"keep_w_dynamic": 1.0},  # + what motion adds to a video (moving minus its static clips)
     "keep_learned": {"adapter": {"layers": 2}, "privacy": "critic"},
     "keep_after_erasure": {"erase_fraction": 0.5},
     "previous_default": _previous(),
@@ -75,7 +79,8 @@ VARIANTS: dict[str, dict] = {
 }
 GROUPS: dict[str, list[str]] = {
     "The keep family (default: keep k = 14, closed form) beside the previous default and the paper's objective": [
-        "default", "keep_k8", "keep_k24", "keep_k32", "keep_no_motion", "keep_learned", "keep_after_erasure",
+        "default", "keep_k8", "keep_k24", "keep_k32", "keep_no_motion", "keep_unshrunk", "keep_dynamic", "keep_learned",
+        "keep_after_erasure",
         "previous_default", "paper"],
     "Tasks seen in training, default adapter (paper Tab. 2 / 4)": [f"tasks_{n}" for n in TASK_SETS],
     "Privacy objective of the trained family (oracle = labelled diagnostic, never publishable)": [
@@ -90,6 +95,11 @@ class AblationConfig(AAMTrainingConfig, ProbeSettings):
     """The base AAM config (every variant is a delta on it) + head pretraining + probe settings."""
 
     pretrain_head_epochs: int = 30
+    seed: int = 0       # probes use seeds seed .. seed + n_seeds - 1
+    n_seeds: int = 5    # probe seeds per metric (the report's intervals need >= 5)
+
+    def seeds(self) -> list[int]:
+        return list(range(self.seed, self.seed + self.n_seeds))
 
     def variant_train_config(self, variant: str, tasks=("ar", "tad", "ad"), selection: str = "val_ar"):
         """tasks / selection: the base's when the config leaves them open (roles.training_plan's choice)."""
@@ -126,22 +136,32 @@ def _eval_shards(fs: FeatureStore, datasets: dict[str, str]) -> list:
     return _shard_state(fs, [s for s in fs.committed_shards() if dataset_of(s) in wanted])
 
 
+_RAW_SCORED: dict[str, dict] = {}  # raw_key -> task -> raw's (Scored, why): the variants of one process pair with it
+
+
+def _score(fs: FeatureStore, config: AblationConfig, sets: dict, raw_key: str, versions=None, log=None):
+    return score_sets(sets, TASKS, config.datasets(fs), split="test", seeds=config.seeds(),
+                      probe_kwargs=config.probe_kwargs(), versions=versions, log=log,
+                      reference_cache=_RAW_SCORED.setdefault(raw_key, {}))
+
+
 def raw_baseline(fs: FeatureStore, config: AblationConfig, raw=None, log=None) -> tuple[list[dict], str]:
-    """The raw latents' metric rows under these probe settings, cached; returns (rows, key)."""
+    """The raw latents' metric rows under these probe settings and seeds, cached; returns (rows, key)."""
     datasets, kw = config.datasets(fs), config.probe_kwargs()
-    key = _key({"probe": kw, "datasets": datasets, "shards": _eval_shards(fs, datasets),
-                "fingerprint": fs.encoder_fingerprint()})
+    key = _key({"probe": kw, "seeds": config.seeds(), "scoring": "intervals", "datasets": datasets,
+                "shards": _eval_shards(fs, datasets), "fingerprint": fs.encoder_fingerprint()})
     path = f"{ABLATIONS}/raw/{key}.json"
     if (hit := _read_record(fs, path)) is not None:
         return hit["metric_rows"], key
     raw = raw if raw is not None else load_feature_sets(fs, TASKS, "raw", datasets=datasets)
-    rows = evaluate_feature_set(raw, RAW, None, which=TASKS, datasets=datasets, probe_kwargs=kw, log=log)
+    rows = _score(fs, config, {RAW: raw}, key, log=log)
     fs.fs.write_json(path, {"key": key, "metric_rows": _jsonable_rows(rows), "skipped": rows.skipped})
     return _jsonable_rows(rows), key
 
 
 def run_variant(fs: FeatureStore, variant: str, config: AblationConfig, log=None) -> dict:
-    """Train the variant's AAM, anonymize the evaluation sets in memory, evaluate; write and return its record."""
+    """Train the variant's AAM, anonymize the evaluation sets in memory, score it paired with raw; write and
+    return its record."""
 
     plan = training_plan(fs, config.tasks, config.train_datasets(), config.selection)
     cfg = config.variant_train_config(variant, plan.tasks, plan.selection)
@@ -163,16 +183,17 @@ def run_variant(fs: FeatureStore, variant: str, config: AblationConfig, log=None
         adapter, acfg, summary = train_aam(data, cfg, log=log)
         version = adapter_version(adapter, acfg, fs.encoder_fingerprint())
         anon = {ds: anonymize_videos(adapter, videos) for ds, videos in raw.items()}
-        rows = evaluate_feature_set(anon, variant, version, which=TASKS, datasets=datasets,
-                                    probe_kwargs=config.probe_kwargs(), log=log)
+        rows = _score(fs, config, {RAW: raw, variant: anon}, raw_key, versions={variant: version}, log=log)
+        rows_v = [r for r in rows if r["feature_set"] == variant]
         rec = {"name": variant, "key": key, "raw_key": raw_key, "aam_version": version, "train_config": train_cfg,
                "adapter_config": acfg.to_dict(), "selected_epoch": summary["selected_epoch"],
                "final_losses": summary["final"], "train_seconds": summary["seconds"],
-               "pair_matching": summary.get("diagnostics"),
-               "seconds": round(time.perf_counter() - t0, 2), "metric_rows": _jsonable_rows(rows),
+               "pair_matching": summary.get("diagnostics"), "seen_tasks": list(cfg.tasks),
+               "seconds": round(time.perf_counter() - t0, 2), "metric_rows": _jsonable_rows(rows_v),
                "skipped": rows.skipped, "reused": False}
         fs.fs.write_json(by_config, rec)
-    rec["row"] = add_derived(report_row(RAW, raw_rows), report_row(variant, rec["metric_rows"]))
+    rec["row"] = {**add_derived(report_row(RAW, raw_rows), report_row(variant, rec["metric_rows"])),
+                  "seen_tasks": list(cfg.tasks)}
     fs.fs.write_json(f"{ABLATIONS}/variants/{_safe(variant)}.json", rec)
     return rec
 
@@ -180,17 +201,22 @@ def run_variant(fs: FeatureStore, variant: str, config: AblationConfig, log=None
 def collect_report(fs: FeatureStore, config: AblationConfig, log=None) -> tuple[dict, dict]:
     """The ablation report from every variant record matching the current raw baseline; (report, status)."""
     raw_rows, raw_key = raw_baseline(fs, config, log=log)
-    variants, stale, missing = {}, [], []
+    variants, seen, stale, missing = {}, {}, [], []
     for name in VARIANTS:
         rec = _read_record(fs, f"{ABLATIONS}/variants/{_safe(name)}.json")
         if rec is None:
             missing.append(name)
             continue
-        if rec.get("raw_key") != raw_key:  # other latents or probe settings: not comparable
+        if rec.get("raw_key") != raw_key:  # other latents, probe settings or seeds: not comparable
             stale.append(name)
             continue
         variants[name] = rec["metric_rows"]
+        seen[name] = rec.get("seen_tasks") or (rec.get("train_config") or {}).get("tasks")
     report = build_report(fs.encoder_fingerprint(), "", raw_rows, variants)
+    for row in report["rows"][1:]:  # the tasks each variant was co-trained with: the tables mark seen / unseen
+        if seen.get(row["name"]) is not None:
+            row["seen_tasks"] = list(seen[row["name"]])
+    report["probe_seeds"] = config.seeds()
     return report, {"missing": missing, "stale": stale, "raw_key": raw_key}
 
 

@@ -5,7 +5,7 @@
               interval must meet the budget ($SPLAVU_PRIVACY_BUDGET, default 0.5)
     utility   every task the AAM was trained with (its "seen" tasks: AR / TAD / AD) keeps a share of the raw
               features' above-chance utility, (anon − chance) / (raw − chance); it fails when the UPPER end of
-              that interval is below the threshold ($SPLAVU_UTILITY_RETENTION, default 0.9) or when the
+              that interval is below the threshold ($SPLAVU_UTILITY_GATE, default 0.9) or when the
               anonymized features are not above chance beyond their interval
 
 Both are scored by splavu_core.evaluation.scoring with split="val" (the dataset's 'val' videos, or a

@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 import json
 import math
+import re
 import shutil
 
 import dagster as dg
@@ -174,7 +175,7 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
 
     root, version = published
     fs = FeatureStore(root)
-    monkeypatch.setenv(ev.UTILITY_RETENTION_ENV, "1e9")  # impossible: the warning must fire
+    monkeypatch.setenv(ev.UTILITY_GATE_ENV, "1e9")  # impossible: the warning must fire
     res = run_evaluation(StoreResource(root=str(root)), config=FAST_PROBES)
     assert res.success
 
@@ -293,11 +294,23 @@ def test_pixel_baselines_are_scored_and_costed_beside_splavu(published, run_base
 def test_utility_retention_verdict_hand_checked():
     from assets.evaluation import retention_verdict
 
+    # no intervals (an old report): the point share of raw's utility (chance unknown = 0)
     report = suite.build_report("fp", "v", _rows("raw", None, ar_top1=0.8, tad_map=0.5, ad_auc=0.9),
                                 {"splavu": _rows("splavu", "v", ar_top1=0.79, tad_map=0.45, ad_auc=0.9)})
     passed, ret, fails = retention_verdict(report, 0.97)
     assert not passed and ret["tad_map"] == pytest.approx(0.9) and len(fails) == 1 and "tad_map" in fails[0]
     assert retention_verdict(report, 0.9)[0]
+
+    # with intervals: the utility gate's rule, the retention interval's UPPER end against the fraction
+    def with_retention(value, lo, hi):
+        rep = json.loads(json.dumps(report))
+        rep["rows"][1]["derived_intervals"] = {"tad_retention": {"value": value, "ci_low": lo, "ci_high": hi}}
+        return rep
+
+    passed, ret, fails = retention_verdict(with_retention(0.8, 0.6, 0.95), 0.9, seen=["ar"])
+    assert passed and ret["tad_map"] == 0.8  # a point below 0.9 whose interval reaches it: not a loss
+    passed, ret, fails = retention_verdict(with_retention(0.8, 0.7, 0.85), 0.9, seen=["ar"])
+    assert not passed and fails == ["tad_map (unseen): keeps 0.800 [0.700, 0.850] of raw's above-chance utility < 0.9"]
 
 
 # ---------------------------------------------------------------- the blocking publication gate
@@ -379,7 +392,13 @@ def test_ablation_partitions_write_rows_and_report(tiny_store, tmp_path):
     assert a["reused"] is False and b["reused"] is True  # same training config: trained once
     assert a["train_config"]["epochs"] == 2 and SMALL_ADAPTER.items() <= a["train_config"]["adapter"].items()
     assert a["train_config"]["adapter"]["keep"] == 14  # the default is the keep family's
-    assert a["row"]["name"] == "default" and set(a["row"]) == set(suite.REPORT_KEYS) | set(suite.DERIVED_KEYS)
+    assert a["row"]["name"] == "default" and set(suite.REPORT_KEYS) | set(suite.DERIVED_KEYS) <= set(a["row"])
+    # scored with intervals (5 probe seeds + bootstrap), every change paired with raw
+    assert {r["n_seeds"] for r in a["metric_rows"] if r["task"] != "gait"} == {5} and all(
+        r["ci_low"] <= r["ci_high"] for r in a["metric_rows"] if r["value"] == r["value"])  # NaN: a ratio to raw at chance
+    assert {"delta_top1", "retention_top1"} <= {r["metric"] for r in a["metric_rows"] if r["task"] == "ar"}
+    assert a["row"]["intervals"]["ar_top1"]["ci_low"] <= a["row"]["ar_top1"] <= a["row"]["intervals"]["ar_top1"]["ci_high"]
+    assert a["seen_tasks"] == a["train_config"]["tasks"] and a["row"]["seen_tasks"] == a["seen_tasks"]
     assert [r["name"] for r in report["rows"]] == ["raw", "default", "tasks_all"]
     raw, row = report["rows"][0], report["rows"][1]
     assert row["privacy_cmap"] == a["row"]["privacy_cmap"]
@@ -388,6 +407,8 @@ def test_ablation_partitions_write_rows_and_report(tiny_store, tmp_path):
                                                        / (raw["privacy_cmap"] - raw["privacy_chance_cmap"]))
     md = (fs.root / "reports" / "ablations.md").read_text()
     assert "### The keep family" in md and "### Tasks seen" in md and "| default |" in md and "Not yet run:" in md
+    assert "probe seeds [95% interval" in md and re.search(r"\| default \|.* \(seen\)", md)
+    assert all(row["seen_tasks"] == a["seen_tasks"] for row in report["rows"][1:]) and report["probe_seeds"] == [0, 1, 2, 3, 4]
     assert set(VARIANTS) >= {n for names in GROUPS.values() for n in names}
     assert {"loss_no_lt", "loss_no_lb", "loss_no_llc", "tasks_ar", "tasks_tad", "tasks_ad", "tasks_ar_tad",
             "tasks_ar_ad", "tasks_tad_ad", "previous_default", "wlc_0", "wlc_1000"} <= set(VARIANTS)
@@ -446,4 +467,4 @@ def test_definitions_load():
     checks = {(c.asset_key.to_user_string(), c.name) for c in graph.asset_check_keys}
     assert checks >= {("anonymized_features", "privacy_budget"), ("privacy_utility_report", "utility_retention")}
     assert defs.resolve_job_def("ablations").partitions_def is ablations.ablation_variants
-    assert math.isclose(evaluation.DEFAULT_PRIVACY_BUDGET, 0.5) and math.isclose(evaluation.DEFAULT_UTILITY_RETENTION, 0.97)
+    assert math.isclose(evaluation.DEFAULT_PRIVACY_BUDGET, 0.5) and math.isclose(evaluation.DEFAULT_UTILITY_GATE, 0.9)

@@ -22,7 +22,7 @@ def walkthrough_lines() -> list[list[str]]:
 def test_readme_walkthrough(tiny_bench, tiny_videomae, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
     monkeypatch.setenv("SPLAVU_PRIVACY_BUDGET", "2")  # unreachable: the version is refused, as in the demo
-    monkeypatch.setenv("SPLAVU_UTILITY_RETENTION", "2")  # unreachable: the warning must reach the terminal
+    monkeypatch.setenv("SPLAVU_UTILITY_GATE", "1e9")  # unreachable even by a wide interval: the warning must reach the terminal
     bench, _ = tiny_bench
     store = str(tmp_path / "my_store")
     outputs, version = [], None
@@ -63,7 +63,8 @@ def test_readme_walkthrough(tiny_bench, tiny_videomae, tmp_path, capsys, monkeyp
                                           skipped[0]) and "gait" in skipped[0], skipped
     assert f"scored AAM version {version} (NOT current" in evaluate and "| chance |" in evaluate
     assert "gate privacy budget: FAILED on validation" in by_cmd["publish"][1]
-    assert re.search(r"warning: check utility_retention failed: ar_top1: [0-9.]+ of raw < 2", evaluate)
+    assert re.search(r"warning: check utility_retention failed: ar_top1 \(seen\): keeps [0-9.]+ \[[-0-9., ]+\] of raw's "
+                     r"above-chance utility < 1e\+09", evaluate), evaluate
 
     rows = [line.split() for line in by_cmd["sql"][1].splitlines()[2:-1]]
     static = {(r[0], r[2]): r[3] for r in rows}  # (dataset, split) -> static_clips

@@ -89,7 +89,14 @@ def interval_cell(row: dict, key: str, raw: dict) -> str:
     if raw_st.get("signal") is False:
         return cell + (" no signal" if row["name"] == "raw" else "")
     d = (row.get("changes") or {}).get(key)
-    return cell + (f"; {fmt_delta(d)}" if d is not None and row["name"] != "raw" else "")
+    return cell + (f"; {fmt_delta(d)}" if d is not None and row["name"] != "raw" else "") + _seen_mark(row, key)
+
+
+def _seen_mark(row: dict, key: str) -> str:
+    """' (seen)' / ' (unseen)' on a utility cell of a row that records the tasks it was co-trained with."""
+    if key not in UTILITY_KEYS or row.get("seen_tasks") is None:
+        return ""
+    return " (seen)" if key.split("_")[0] in row["seen_tasks"] else " (unseen)"
 
 
 def chance_row(rows: Sequence[dict], cols) -> str | None:

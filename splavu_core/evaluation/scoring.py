@@ -185,10 +185,12 @@ def score_sets(sets: Mapping[str, Mapping[str, Sequence[VideoFeatures]]], which:
                datasets: Mapping[str, str], split: str = "test", seeds: Sequence[int] = P.seeds_from(),
                probe_kwargs: Mapping[str, dict] | None = None, reference: str = "raw",
                versions: Mapping[str, str | None] | None = None, created_at=None,
-               log: Callable[[str], None] | None = None) -> EvalResult:
+               log: Callable[[str], None] | None = None, reference_cache: dict | None = None) -> EvalResult:
     """Score every feature set in `sets` (name -> dataset -> videos) on the tasks `which`, with intervals.
     The reference set (default 'raw') is scored first; the others get paired changes against it.
-    datasets: task -> dataset name. versions: feature set -> aam_version (None for raw/baselines)."""
+    datasets: task -> dataset name. versions: feature set -> aam_version (None for raw/baselines).
+    reference_cache: task -> the reference's (Scored, attributes), filled here and reused when present: the
+    caller keys it by the reference's videos, seeds and probe settings (the ablations score raw once)."""
     probe_kwargs = dict(probe_kwargs or {})
     versions = dict(versions or {})
     created_at = created_at or _now()
@@ -204,7 +206,10 @@ def score_sets(sets: Mapping[str, Mapping[str, Sequence[VideoFeatures]]], which:
             if not videos:
                 out.skipped[f"{name}:{task}" if name != reference else task] = f"dataset {ds!r} is not in the store"
                 continue
-            sc, why = run_task(task, videos, split, seeds, kw, attrs)
+            cached = reference_cache.get(task) if reference_cache is not None and name == reference else None
+            sc, why = cached if cached is not None else run_task(task, videos, split, seeds, kw, attrs)
+            if name == reference and reference_cache is not None and cached is None:
+                reference_cache[task] = (sc, why)
             if sc is None:
                 out.skipped[f"{name}:{task}" if name != reference else task] = f"dataset {ds!r}: {why}"
                 if log:
