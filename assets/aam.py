@@ -220,6 +220,8 @@ def _keep_family_metadata(fs) -> dict:
         family = fs.fs.read_json("reports/keep_family.json")
     except FileNotFoundError:
         return {}
+    if family.get("split") != "val":  # an operating point is only ever chosen on validation videos
+        return {}
     md = {"keep_family_chosen_k": family["chosen_k"] or 0,
           "keep_family": dg.MetadataValue.json({k: family[k] for k in ("split", "seeds", "budget", "chosen_k")})}
     try:

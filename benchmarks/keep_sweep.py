@@ -2,6 +2,7 @@
 
     python benchmarks/keep_sweep.py --store store --k 8 14 20 24 32 [--mark VERSION]  # curve + operating point (val)
     python benchmarks/keep_sweep.py --store store --split test --seen ar tad ad ar,tad ar,ad tad,ad ar,tad,ad
+    python benchmarks/keep_sweep.py --store store --seen ar tad ad ar,tad,ad --ridge 0.001 0.01 0.1 1  # shrinkage (val)
 
 Each member is fitted exactly as `aam_model` fits the keep stage (TrainConfig's keep_* fields; utility labels
 only), the store's evaluation sets are projected in memory, and all of them are scored in one pass with the
@@ -11,8 +12,11 @@ deterministic carve of its train videos), never the report's test split; the ope
 that passes both promotion gates' rules there: the weaker leakage removal (close-ups, action clips) meets the
 privacy budget at the lower end of its interval, and each seen task's utility retention reaches the utility
 floor at the upper end of its interval (the gates' defaults: 0.5 and 0.9).
---seen fits one member per task set (the paper's task ablation: which tasks were seen in training).
-Writes <store>/reports/keep_family.{json,png} (curve) or reports/keep_tasks_seen.json (--seen).
+--seen fits one member per task set (the paper's task ablation: which tasks were seen in training). With --ridge
+and --split val it also chooses the shrinkage (keep_ridge): the one whose single-task fits lose least on the
+tasks they never saw (the worst AR / TAD retention), among those whose all-task fit passes the privacy rule.
+Writes <store>/reports/keep_family.{json,png} (the curve and chosen point, --split val), keep_family_test.{json,png}
+(--split test: no point is chosen there) or reports/keep_tasks_seen.json (--seen).
 """
 from __future__ import annotations
 
@@ -57,6 +61,31 @@ def operating_point(members: list[dict], budget: float, floor: float) -> dict | 
     return max(ok, key=lambda m: m["k"]) if ok else None
 
 
+GENERALISATION_TASKS = ("ar", "tad")  # AD is left out: on validation its retention is a ratio of noise (README)
+
+
+def choose_ridge(members: list[dict], budget: float) -> dict | None:
+    """The shrinkage that generalises best to tasks never seen in training, on these (validation) rows: per ridge,
+    the worst retention of an unseen task (AR, TAD) over the single-task fits; among ridges whose all-task fit
+    passes the privacy budget's rule (all ridges when none does), the highest. None without single-task fits."""
+    by_ridge: dict[float, dict] = {}
+    for m in members:
+        r = by_ridge.setdefault(m["ridge"], {"ridge": m["ridge"], "worst_unseen": None, "private": None})
+        if len(m["seen"]) == 1:
+            unseen = [m[t][0] for t in GENERALISATION_TASKS if t not in m["seen"] and t in m]
+            if unseen:
+                r["worst_unseen"] = min(unseen + ([r["worst_unseen"]] if r["worst_unseen"] is not None else []))
+        elif set(m["seen"]) >= set(GENERALISATION_TASKS):
+            r["private"] = all(t in m and m[t][1] >= budget for t in ("privacy", "clip_privacy"))
+    scored = [r for r in by_ridge.values() if r["worst_unseen"] is not None]
+    if not scored:
+        return None
+    eligible = [r for r in scored if r["private"]] or scored
+    best = max(eligible, key=lambda r: r["worst_unseen"])
+    return {**best, "by_ridge": sorted(by_ridge.values(), key=lambda r: r["ridge"]),
+            "privacy_rule_met_by_any": any(r["private"] for r in scored)}
+
+
 def plot(members: list[dict], chosen: dict | None, path: Path, marks: list[dict] = ()) -> None:
     import matplotlib
 
@@ -97,26 +126,33 @@ def main():
     ap.add_argument("--budget", type=float, default=privacy_threshold(), help="default: the privacy gate's")
     ap.add_argument("--floor", type=float, default=utility_fraction(), help="default: the utility gate's")
     ap.add_argument("--w-motion", type=float, help="keep_w_motion (default: TrainConfig's)")
+    ap.add_argument("--w-dynamic", type=float, help="keep_w_dynamic (default: TrainConfig's)")
+    ap.add_argument("--ridge", type=float, nargs="+", help="keep_ridge values (default: TrainConfig's)")
     ap.add_argument("--mark", nargs="*", default=[], help="published AAM versions to score beside the family")
     ap.add_argument("--variant", nargs="*", default=[],
                     help="ablation variants (pipeline/ablations.py) trained in memory and scored beside the family")
     ap.add_argument("--seen", nargs="*", default=[], help="task ablation: one member per task set (ar, ar,tad, ...)")
     args = ap.parse_args()
     fs = FeatureStore(args.store)
-    cfg = TrainConfig(**({"keep_w_motion": args.w_motion} if args.w_motion is not None else {}))
+    cfg = TrainConfig(**{f"keep_{n}": v for n, v in (("w_motion", args.w_motion), ("w_dynamic", args.w_dynamic))
+                         if v is not None})
     data = load_training_data(fs)
     ds = task_datasets(fs, {})
     which = [t for t in TASKS if t in ds]
     raw = load_feature_sets(fs, which, "raw", datasets=ds)
     t0 = time.perf_counter()
     members, sets = [], {"raw": raw}
-    for k in args.k:
-        for seen in args.seen or [",".join(cfg.tasks)]:
-            tasks = tuple(t for t in seen.split(",") if t)
-            fit = fit_utility_keep(data, tasks, k, cfg.keep_w_motion, cfg.keep_w_app, cfg.keep_tad_phases)
-            name = f"keep k={k}" + (f" seen {seen}" if args.seen else "")
-            sets[name] = {d: [dataclasses.replace(v, feats=apply_keep(fit, v.feats)) for v in vs] for d, vs in raw.items()}
-            members.append({"name": name, "k": k, "seen": list(tasks)})
+    ridges = args.ridge or [cfg.keep_ridge]
+    for ridge in ridges:
+        for k in args.k:
+            for seen in args.seen or [",".join(cfg.tasks)]:
+                tasks = tuple(t for t in seen.split(",") if t)
+                fit = fit_utility_keep(data, tasks, k, cfg.keep_w_motion, cfg.keep_w_app, cfg.keep_tad_phases,
+                                       w_dynamic=cfg.keep_w_dynamic, ridge=ridge)
+                name = f"keep k={k}" + (f" ridge {ridge:g}" if args.ridge else "") + (f" seen {seen}" if args.seen else "")
+                sets[name] = {d: [dataclasses.replace(v, feats=apply_keep(fit, v.feats)) for v in vs]
+                              for d, vs in raw.items()}
+                members.append({"name": name, "k": k, "ridge": ridge, "seen": list(tasks)})
     marks = []
     for variant in args.variant:  # an ablation variant trained in memory (e.g. the paper's objective, the oracle)
         from pipeline.ablations import AblationConfig
@@ -143,15 +179,21 @@ def main():
                 if r["feature_set"] == "raw"]
     out = {"split": args.split, "seeds": args.seeds, "budget": args.budget, "floor": args.floor, "members": members,
            "marks": marks, "raw": raw_rows,
-           "keep_w_motion": cfg.keep_w_motion, "seconds": round(time.perf_counter() - t0, 1)}
+           "keep_w_motion": cfg.keep_w_motion, "keep_w_dynamic": cfg.keep_w_dynamic, "seconds": round(time.perf_counter() - t0, 1)}
     (fs.root / "reports").mkdir(exist_ok=True)
     if args.seen:
-        (fs.root / "reports" / "keep_tasks_seen.json").write_text(json.dumps(out, indent=1))
+        if args.split == "val":  # the shrinkage is chosen on validation only
+            out["chosen_ridge"] = choose_ridge(members, args.budget)
+            print(json.dumps({"chosen_ridge": out["chosen_ridge"]}), flush=True)
+        stem = "keep_tasks_seen" if args.split == "test" else f"keep_tasks_seen_{args.split}"
+        (fs.root / "reports" / f"{stem}.json").write_text(json.dumps(out, indent=1))
         return
-    chosen = operating_point(members, args.budget, args.floor)
+    # the operating point is chosen on validation only; a test-split run is a report, written beside it
+    chosen = operating_point(members, args.budget, args.floor) if args.split == "val" else None
     out["chosen_k"] = chosen and chosen["k"]
-    (fs.root / "reports" / "keep_family.json").write_text(json.dumps(out, indent=1))
-    plot(members, chosen, fs.root / "reports" / "keep_family.png", marks)
+    stem = "keep_family" if args.split == "val" else f"keep_family_{args.split}"
+    (fs.root / "reports" / f"{stem}.json").write_text(json.dumps(out, indent=1))
+    plot(members, chosen, fs.root / "reports" / f"{stem}.png", marks)
     print(json.dumps({"chosen_k": out["chosen_k"], "budget": args.budget, "split": args.split,
                       "seconds": out["seconds"]}), flush=True)
 

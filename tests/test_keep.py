@@ -49,6 +49,30 @@ def test_motion_directions_fill_the_space_no_task_asked_for():
     assert np.cov(kept_static.mean(1), rowvar=False).trace() < 0.2 * np.cov(z, rowvar=False).trace()
 
 
+def test_what_motion_adds_finds_the_actions_without_any_label():
+    """S_dyn (moving clips minus their own video's static clips) keeps the action content and no appearance, with
+    no label at all; within-video motion alone (here: noise) cannot tell which directions the actions use."""
+    static, actions, labels = toy_videos()
+    unlabelled = {"ar": _videos(actions, np.zeros_like(labels))}
+    dynamic = [a - s.mean(0) for a, s in zip(actions, static)]
+    y = np.repeat(labels, 4)
+
+    def nearest_centre_accuracy(fit):
+        z = apply_keep(fit, np.concatenate(actions))
+        centres = np.stack([z[y == c].mean(0) for c in range(3)])
+        return (np.argmin(((z[:, None] - centres[None]) ** 2).sum(-1), 1) == y).mean(), z
+
+    # with shrinkage: a ratio criterion alone prefers the low-variance noise directions (all of their variance is
+    # "dynamic"); isotropic variance added to the rest outweighs them
+    fit = fit_keep(unlabelled, static, k=2, w_dynamic=1.0, dynamic=dynamic, ridge=1.0)
+    acc, z = nearest_centre_accuracy(fit)
+    assert nearest_centre_accuracy(fit_keep(unlabelled, static, k=2, w_dynamic=1.0, dynamic=dynamic))[0] < 0.8
+    kept_static = apply_keep(fit, static.reshape(-1, static.shape[-1])).reshape(len(static), -1, 2)
+    assert acc > 0.95 and np.cov(kept_static.mean(1), rowvar=False).trace() < 0.05 * np.cov(z, rowvar=False).trace()
+    motion_only, _ = nearest_centre_accuracy(fit_keep(unlabelled, static, k=2, w_motion=1.0, ridge=1.0))
+    assert motion_only < 0.8, motion_only
+
+
 @pytest.mark.parametrize("adapter", [{"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0},
                                      {"keep": 4, "layers": 1, "mixer": "mlp", "hidden": 16, "erase_rank": 4}])
 def test_keep_training_never_reads_private_attribute_labels(tiny_store, tmp_path, adapter):

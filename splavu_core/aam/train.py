@@ -70,6 +70,9 @@ class TrainConfig:
     keep_w_motion: float = 1.0           # keep fit (adapter keep = k): weight of within-video motion kept for unseen tasks
     keep_w_app: float = 0.0              # keep fit: weight of between-video static (appearance) scatter to avoid
     keep_tad_phases: int = 3             # keep fit: a TAD segment's clips labelled by class and phase (start .. end)
+    keep_w_dynamic: float = 0.0          # keep fit: weight of what motion adds to a video (moving clips minus its static clips)
+    keep_ridge: float = 0.3              # keep fit: isotropic variance added to the rest, as a share of the total (shrinkage;
+                                         # chosen on validation for unseen tasks, README "Choosing the shrinkage")
     heldout_fraction: float = 0.2        # static-bearing training videos kept out of training, for diagnostics
     diagnose_points: int = 4             # fresh-critic pair matching measured this many times during training
     diagnose_steps: int = 300            # training steps of each fresh diagnostic critic
@@ -233,7 +236,7 @@ def fit_appearance_erasure(data: TrainingData, fit_idx: np.ndarray, rank: int, w
 
 
 def fit_utility_keep(data: TrainingData, tasks, k: int, w_motion: float = 0.0, w_app: float = 0.0,
-                     tad_phases: int = 3, transform=None):
+                     tad_phases: int = 3, transform=None, w_dynamic: float = 0.0, ridge: float = 1e-3):
     """The keep stage as aam_model fits it: the co-trained tasks' training videos (utility labels only) and
     the static clips, unlabelled; `transform` (the erasure, when there is one) applied first."""
     from .keep import fit_keep
@@ -245,7 +248,10 @@ def fit_utility_keep(data: TrainingData, tasks, k: int, w_motion: float = 0.0, w
         task_videos = {"ar": [dataclasses.replace(v, feats=f(v.feats), meta={"action": "_"})
                               for v in data.ar_train + data.tad_train + data.ad_train]}
     static = f(data.static.reshape(-1, data.dim)).reshape(data.static.shape) if len(data.static) else data.static
-    return fit_keep(task_videos, static, k, w_motion=w_motion, w_app=w_app, tad_phases=tad_phases)
+    dynamic = [] if w_dynamic <= 0 or data.static_actions is None else \
+        [f(a) - s.mean(0) for a, s in zip(data.static_actions, static) if len(a)]  # (n_i, D): what motion adds
+    return fit_keep(task_videos, static, k, w_motion=w_motion, w_app=w_app, tad_phases=tad_phases,
+                    w_dynamic=w_dynamic, dynamic=dynamic, ridge=ridge)
 
 
 def _load_buffers(module, **arrays) -> None:
@@ -262,7 +268,8 @@ def _fit_keep_into(adapter, data: TrainingData, cfg: TrainConfig, log) -> dict:
             with torch.no_grad():
                 return adapter.erase(torch.from_numpy(np.ascontiguousarray(x, np.float32))).numpy()
     k = adapter.cfg.keep
-    fit = fit_utility_keep(data, cfg.tasks, k, cfg.keep_w_motion, cfg.keep_w_app, cfg.keep_tad_phases, transform)
+    fit = fit_utility_keep(data, cfg.tasks, k, cfg.keep_w_motion, cfg.keep_w_app, cfg.keep_tad_phases, transform,
+                           cfg.keep_w_dynamic, cfg.keep_ridge)
     _load_buffers(adapter.keep, mean=fit.mean, proj=fit.proj)
     ev = fit.eigenvalues
     if log:
