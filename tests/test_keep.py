@@ -73,9 +73,11 @@ def test_what_motion_adds_finds_the_actions_without_any_label():
     assert motion_only < 0.8, motion_only
 
 
-@pytest.mark.parametrize("adapter", [{"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0},
-                                     {"keep": 4, "layers": 1, "mixer": "mlp", "hidden": 16, "erase_rank": 4}])
-def test_keep_training_never_reads_private_attribute_labels(tiny_store, tmp_path, adapter):
+@pytest.mark.parametrize("adapter,extra", [
+    ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0}, {}),
+    ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0}, {"keep_w_dynamic": 1.0, "keep_w_app": 1.0}),
+    ({"keep": 4, "layers": 1, "mixer": "mlp", "hidden": 16, "erase_rank": 4}, {})])
+def test_keep_training_never_reads_private_attribute_labels(tiny_store, tmp_path, adapter, extra):
     from splavu_core.aam.io import adapter_version
     from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
 
@@ -84,7 +86,7 @@ def test_keep_training_never_reads_private_attribute_labels(tiny_store, tmp_path
     fs = FeatureStore(root)
 
     def version():
-        cfg = TrainConfig(**{**KEEP, "tasks": ("ar", "tad"), "adapter": adapter})
+        cfg = TrainConfig(**{**KEEP, "tasks": ("ar", "tad"), "adapter": adapter, **extra})
         a, acfg, _ = train_aam(load_training_data(fs, ad=None), cfg, log=None)
         return adapter_version(a, acfg, fs.encoder_fingerprint())
 

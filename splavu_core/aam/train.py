@@ -71,8 +71,7 @@ class TrainConfig:
     keep_w_app: float = 0.0              # keep fit: weight of between-video static (appearance) scatter to avoid
     keep_tad_phases: int = 3             # keep fit: a TAD segment's clips labelled by class and phase (start .. end)
     keep_w_dynamic: float = 0.0          # keep fit: weight of what motion adds to a video (moving clips minus its static clips)
-    keep_ridge: float = 0.3              # keep fit: isotropic variance added to the rest, as a share of the total (shrinkage;
-                                         # chosen on validation for unseen tasks, README "Choosing the shrinkage")
+    keep_ridge: float = 0.3              # keep fit: shrinkage, isotropic variance added to the rest as a share of the total
     heldout_fraction: float = 0.2        # static-bearing training videos kept out of training, for diagnostics
     diagnose_points: int = 4             # fresh-critic pair matching measured this many times during training
     diagnose_steps: int = 300            # training steps of each fresh diagnostic critic
