@@ -1,27 +1,19 @@
-"""The keep family's privacy–utility curve and operating point on validation, and its task ablation (prints JSON).
+"""The keep family's curve on validation, its task ablation and its variants (prints JSON); the library is
+splavu_core/evaluation/keep_curve.py, which the `keep_family_curve` asset also runs.
 
-    python benchmarks/keep_sweep.py --store store --k 8 14 20 24 32 [--mark VERSION]  # curve + operating point (val)
+    python benchmarks/keep_sweep.py --store store --k 8 11 14 17 20 24 [--mark VERSION] [--variant paper]  # curve (val)
     python benchmarks/keep_sweep.py --store store --split test --seen ar tad ad ar,tad ar,ad tad,ad ar,tad,ad
     python benchmarks/keep_sweep.py --store store --seen ar tad ad ar,tad,ad --ridge 0.001 0.01 0.1 1  # shrinkage (val)
 
-Each member is fitted exactly as `aam_model` fits the keep stage (TrainConfig's keep_* fields; utility labels
-only), the store's evaluation sets are projected in memory, and all of them are scored in one pass with the
-evaluation suite (splavu_core.evaluation.scoring.score_sets: probe seeds, bootstrap over the scored videos,
-changes paired with raw). --split val scores validation videos only (a dataset's `val` videos, else a
-deterministic carve of its train videos), never the report's test split; the operating point is the largest k
-that passes both promotion gates' rules there: the weaker leakage removal (close-ups, action clips) meets the
-privacy budget at the lower end of its interval, and each seen task's utility retention reaches the utility
-floor at the upper end of its interval (the gates' defaults: 0.5 and 0.9).
---seen fits one member per task set (the paper's task ablation: which tasks were seen in training). With --ridge
-and --split val it also chooses the shrinkage (keep_ridge): the one whose single-task fits lose least on the
-tasks they never saw (the worst AR / TAD retention), among those whose all-task fit passes the privacy rule.
-Writes <store>/reports/keep_family.{json,png} (the curve and chosen point, --split val), keep_family_test.{json,png}
-(--split test: no point is chosen there) or reports/keep_tasks_seen.json (--seen).
+--split val scores validation videos only (a dataset's `val` videos, else a deterministic carve of its train
+videos), never the report's test split. The curve run writes <store>/reports/keep_family.{json,png} with the
+operating point (the largest k passing both gates' rules). --seen fits one member per task set (the paper's task
+ablation); with --ridge on validation it also chooses the shrinkage (keep_curve.choose_ridge). A test-split or
+ridge run is written beside the curve (keep_family_test*, keep_tasks_seen*) and chooses no k.
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -29,92 +21,30 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from splavu_core.aam.keep import apply_keep  # noqa: E402
-from splavu_core.aam.train import TrainConfig, fit_utility_keep, load_training_data  # noqa: E402
+from splavu_core.aam.train import TrainConfig, load_training_data  # noqa: E402
+from splavu_core.evaluation.keep_curve import (TASKS, choose_ridge, family_sets, keep_curve, operating_point,  # noqa: E402
+                                               plot_png, summarise)
 from splavu_core.evaluation.scoring import score_sets  # noqa: E402
 from splavu_core.evaluation.suite import load_feature_sets  # noqa: E402
 from splavu_core.ledger import privacy_threshold, utility_fraction  # noqa: E402
 from splavu_core.roles import task_datasets  # noqa: E402
 from splavu_core.store import FeatureStore  # noqa: E402
 
-TASKS = ("privacy", "clip_privacy", "ar", "tad", "ad", "bias_f")
-HEADLINE = {"privacy": "leakage_removed", "clip_privacy": "leakage_removed", "ar": "retention_top1",
-            "tad": "retention_mAP", "ad": "retention_auc", "bias_f": "delta_gap"}
 
+def variant_sets(fs, data, raw, variants) -> tuple[dict, list[dict]]:
+    """Ablation variants (pipeline/ablations.py) trained in memory, e.g. the paper's objective or the oracle."""
+    from pipeline.ablations import AblationConfig
+    from splavu_core.aam.train import load_oracle_labels, train_aam
+    from splavu_core.evaluation.suite import anonymize_videos
 
-def summarise(rows, name: str) -> dict:
-    """name's headline figures: {task: [value, ci_low, ci_high]} (leakage removed; utility retention; bias gap Δ)."""
-    out = {}
-    for r in rows:
-        if r["feature_set"] == name and HEADLINE.get(r["task"]) == r["metric"]:
-            out[r["task"]] = [round(r["value"], 4), round(r["ci_low"], 4), round(r["ci_high"], 4)]
-    return out
-
-
-def operating_point(members: list[dict], budget: float, floor: float) -> dict | None:
-    """The largest k that passes both promotion gates' rules on these rows: the weaker leakage removal's lower end
-    meets the privacy budget, and no seen task's retention has its upper end below the utility floor."""
-    def passes(m):
-        private = all(t in m and m[t][1] >= budget for t in ("privacy", "clip_privacy"))
-        return private and all(m[t][2] >= floor for t in m["seen"] if t in m)
-    ok = [m for m in members if passes(m)]
-    return max(ok, key=lambda m: m["k"]) if ok else None
-
-
-GENERALISATION_TASKS = ("ar", "tad")  # AD is left out: on validation its retention is a ratio of noise (README)
-
-
-def choose_ridge(members: list[dict], budget: float) -> dict | None:
-    """The shrinkage that generalises best to tasks never seen in training, on these (validation) rows: per ridge,
-    the worst retention of an unseen task (AR, TAD) over the single-task fits; among ridges whose all-task fit
-    passes the privacy budget's rule (all ridges when none does), the highest. None without single-task fits."""
-    by_ridge: dict[float, dict] = {}
-    for m in members:
-        r = by_ridge.setdefault(m["ridge"], {"ridge": m["ridge"], "worst_unseen": None, "private": None})
-        if len(m["seen"]) == 1:
-            unseen = [m[t][0] for t in GENERALISATION_TASKS if t not in m["seen"] and t in m]
-            if unseen:
-                r["worst_unseen"] = min(unseen + ([r["worst_unseen"]] if r["worst_unseen"] is not None else []))
-        elif set(m["seen"]) >= set(GENERALISATION_TASKS):
-            r["private"] = all(t in m and m[t][1] >= budget for t in ("privacy", "clip_privacy"))
-    scored = [r for r in by_ridge.values() if r["worst_unseen"] is not None]
-    if not scored:
-        return None
-    eligible = [r for r in scored if r["private"]] or scored
-    best = max(eligible, key=lambda r: r["worst_unseen"])
-    return {**best, "by_ridge": sorted(by_ridge.values(), key=lambda r: r["ridge"]),
-            "privacy_rule_met_by_any": any(r["private"] for r in scored)}
-
-
-def plot(members: list[dict], chosen: dict | None, path: Path, marks: list[dict] = ()) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    for ax, task in zip(axes, ("ar", "tad")):
-        pts = [m for m in members if task in m and "privacy" in m and "clip_privacy" in m]
-        x = [min(m["privacy"][0], m["clip_privacy"][0]) for m in pts]
-        y = [m[task][0] for m in pts]
-        err = [[m[task][0] - m[task][1] for m in pts], [m[task][2] - m[task][0] for m in pts]]
-        ax.errorbar(x, y, yerr=err, fmt="o-", label="keep family")
-        for m, xi, yi in zip(pts, x, y):
-            ax.annotate(f"k={m['k']}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
-        if chosen and chosen in pts:
-            i = pts.index(chosen)
-            ax.plot([x[i]], [y[i]], "*", ms=14, color="tab:red", label=f"chosen k={chosen['k']}")
-        for m in marks:
-            if task in m and "privacy" in m and "clip_privacy" in m:
-                ax.errorbar([min(m["privacy"][0], m["clip_privacy"][0])], [m[task][0]],
-                            yerr=[[m[task][0] - m[task][1]], [m[task][2] - m[task][0]]], fmt="s", label=m["name"])
-        ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_xlabel("weaker leakage removed (close-ups, action clips)")
-        ax.set_ylabel(f"{task.upper()}: share of raw's above-chance utility kept")
-    axes[1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=90, bbox_inches="tight")
-    plt.close(fig)
+    sets, marks = {}, []
+    for variant in variants:
+        vcfg = AblationConfig().variant_train_config(variant)
+        vdata = load_oracle_labels(fs, data) if vcfg.oracle else data
+        adapter, _, _ = train_aam(vdata, vcfg, log=None)
+        sets[variant] = {d: anonymize_videos(adapter, vs) for d, vs in raw.items()}
+        marks.append({"name": variant, "seen": list(vcfg.tasks)})
+    return sets, marks
 
 
 def main():
@@ -141,45 +71,30 @@ def main():
     which = [t for t in TASKS if t in ds]
     raw = load_feature_sets(fs, which, "raw", datasets=ds)
     t0 = time.perf_counter()
-    members, sets = [], {"raw": raw}
-    ridges = args.ridge or [cfg.keep_ridge]
-    for ridge in ridges:
-        for k in args.k:
-            for seen in args.seen or [",".join(cfg.tasks)]:
-                tasks = tuple(t for t in seen.split(",") if t)
-                fit = fit_utility_keep(data, tasks, k, cfg.keep_w_motion, cfg.keep_w_app, cfg.keep_tad_phases,
-                                       w_dynamic=cfg.keep_w_dynamic, ridge=ridge)
-                name = f"keep k={k}" + (f" ridge {ridge:g}" if args.ridge else "") + (f" seen {seen}" if args.seen else "")
-                sets[name] = {d: [dataclasses.replace(v, feats=apply_keep(fit, v.feats)) for v in vs]
-                              for d, vs in raw.items()}
-                members.append({"name": name, "k": k, "ridge": ridge, "seen": list(tasks)})
-    marks = []
-    for variant in args.variant:  # an ablation variant trained in memory (e.g. the paper's objective, the oracle)
-        from pipeline.ablations import AblationConfig
-        from splavu_core.aam.train import load_oracle_labels, train_aam
-        from splavu_core.evaluation.suite import anonymize_videos
-
-        vcfg = AblationConfig().variant_train_config(variant)
-        vdata = load_oracle_labels(fs, data) if vcfg.oracle else data
-        adapter, _, _ = train_aam(vdata, vcfg, log=None)
-        sets[variant] = {d: anonymize_videos(adapter, vs) for d, vs in raw.items()}
-        marks.append({"name": variant, "seen": list(vcfg.tasks)})
+    vsets, marks = variant_sets(fs, data, raw, args.variant)
+    if args.split == "val" and not args.seen and not args.ridge:  # the curve and its operating point, as the asset
+        out = keep_curve(fs, args.k, args.seeds, versions=args.mark, cfg=cfg, budget=args.budget, floor=args.floor,
+                         extra_sets=vsets, extra_marks=marks)
+        for m in out["marks"] + out["members"]:
+            print(json.dumps(m), flush=True)
+        print(json.dumps({"chosen_k": out["chosen_k"], "budget": args.budget, "split": "val",
+                          "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
+        return
+    sets, members = family_sets(data, raw, args.k, cfg, ridges=args.ridge, seens=args.seen)
+    sets.update(vsets)
     for version in args.mark:  # published AAM versions (e.g. the previous default) on the same view
         name = f"AAM {version}"
         sets[name] = load_feature_sets(fs, which, "anonymized", version, datasets=ds)
         marks.append({"name": name, "seen": ["ar", "tad", "ad"]})
-    rows = score_sets(sets, which, ds, split=args.split, seeds=args.seeds)
-    for m in marks:
+    rows = score_sets({"raw": raw, **sets}, which, ds, split=args.split, seeds=args.seeds)
+    for m in marks + members:
         m.update(summarise(rows, m["name"]))
         print(json.dumps(m), flush=True)
-    for m in members:
-        m.update(summarise(rows, m["name"]))
-        print(json.dumps(m), flush=True)
-    raw_rows = [{k: r[k] for k in ("task", "metric", "value", "ci_low", "ci_high", "chance")} for r in rows
-                if r["feature_set"] == "raw"]
     out = {"split": args.split, "seeds": args.seeds, "budget": args.budget, "floor": args.floor, "members": members,
-           "marks": marks, "raw": raw_rows,
-           "keep_w_motion": cfg.keep_w_motion, "keep_w_dynamic": cfg.keep_w_dynamic, "seconds": round(time.perf_counter() - t0, 1)}
+           "marks": marks, "raw": [{k: r[k] for k in ("task", "metric", "value", "ci_low", "ci_high", "chance")}
+                                   for r in rows if r["feature_set"] == "raw"],
+           "keep_w_motion": cfg.keep_w_motion, "keep_w_dynamic": cfg.keep_w_dynamic,
+           "seconds": round(time.perf_counter() - t0, 1)}
     (fs.root / "reports").mkdir(exist_ok=True)
     if args.seen:
         if args.split == "val":  # the shrinkage is chosen on validation only
@@ -188,12 +103,12 @@ def main():
         stem = "keep_tasks_seen" if args.split == "test" else f"keep_tasks_seen_{args.split}"
         (fs.root / "reports" / f"{stem}.json").write_text(json.dumps(out, indent=1))
         return
-    # the operating point is chosen on validation only; a test-split run is a report, written beside it
+    # a test-split run (or a ridge sweep) is a report written beside the validation curve; it chooses no k
     chosen = operating_point(members, args.budget, args.floor) if args.split == "val" else None
     out["chosen_k"] = chosen and chosen["k"]
-    stem = "keep_family" if args.split == "val" else f"keep_family_{args.split}"
+    stem = f"keep_family_{args.split}" + ("_ridges" if args.ridge else "")
     (fs.root / "reports" / f"{stem}.json").write_text(json.dumps(out, indent=1))
-    plot(members, chosen, fs.root / "reports" / f"{stem}.png", marks)
+    (fs.root / "reports" / f"{stem}.png").write_bytes(plot_png(members, chosen, marks))
     print(json.dumps({"chosen_k": out["chosen_k"], "budget": args.budget, "split": args.split,
                       "seconds": out["seconds"]}), flush=True)
 

@@ -95,7 +95,7 @@ def test_keep_training_never_reads_private_attribute_labels(tiny_store, tmp_path
     assert version() == before, "the keep adapter changed when only private-attribute labels changed"
 
 
-def test_a_keep_adapter_publishes_k_wide_tables_end_to_end(tiny_store, tmp_path):
+def test_a_keep_adapter_publishes_k_wide_tables_end_to_end(tiny_store, tmp_path, monkeypatch):
     """aam_model with keep = 4 (Dagster config, as a user sets it), then the shard's table, the catalog's typed
     view and the in-memory evaluation all see 4-wide features."""
     from assets.aam import aam_model
@@ -125,3 +125,34 @@ def test_a_keep_adapter_publishes_k_wide_tables_end_to_end(tiny_store, tmp_path)
     raw = load_feature_sets(fs, ["ar"], "raw")
     rows = evaluate_feature_set({"ar": videos}, "keep", version, which=["ar"], probe_kwargs={"ar": {"epochs": 5}})
     assert any(r["metric"] == "top1" for r in rows) and raw["ar"][0].feats.shape[1] > 4
+
+    # the store's validation curve: which width the gates' rules allow, and whether the current version has it
+    from assets.aam import _keep_family_metadata
+    from assets.operating_point import keep_family_curve, keep_width_matches_curve
+    from splavu_core.evaluation.keep_curve import operating_point
+
+    for shard in fs.committed_shards():  # the current version is marked on the curve: all of its tables
+        anonymize_shard(fs, shard, root / "aam" / version)
+    monkeypatch.setenv("SPLAVU_PRIVACY_BUDGET", "-1e9")  # both rules pass every member: the largest k is chosen
+    monkeypatch.setenv("SPLAVU_UTILITY_GATE", "-1e9")
+
+    def curve(ks):
+        res = dg.materialize([keep_family_curve, keep_width_matches_curve], resources={"store": StoreResource(root=str(root))},
+                             run_config={"ops": {"keep_family_curve": {"config": {"ks": ks, "n_seeds": 2}}}})
+        md = res.asset_materializations_for_node("keep_family_curve")[0].metadata
+        check, = res.get_asset_check_evaluations()
+        return md, check
+
+    md, check = curve([2, 4, 6])
+    family = fs.fs.read_json("reports/keep_family.json")
+    assert family["split"] == "val" and [m["k"] for m in family["members"]] == [2, 4, 6]
+    assert all("privacy" in m and "clip_privacy" in m and "ar" in m for m in family["members"])
+    assert family["marks"][0]["name"] == f"AAM {version}" and "privacy" in family["marks"][0]
+    assert md["chosen_k"].value == 6 == operating_point(family["members"], -1e9, -1e9)["k"] and md["current_k"].value == 4
+    assert "data:image/png;base64," in md["curve"].value and "(chosen)" in md["table"].value
+    assert (root / "reports" / "keep_family.png").read_bytes()[:4] == b"\x89PNG"
+    assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
+    assert 'publishes k = 4; this store\'s validation curve picks k = 6: retrain with {"keep": 6}' in check.description
+    assert _keep_family_metadata(fs)["keep_family_chosen_k"] == 6  # aam_model's next materialisation shows the curve
+    md, check = curve([2, 4])
+    assert md["chosen_k"].value == 4 and check.passed

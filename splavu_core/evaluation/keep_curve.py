@@ -1,0 +1,186 @@
+"""The keep family's privacy–utility curve and its operating point, on validation videos.
+
+Each member (a width k, a shrinkage, a set of co-trained tasks) is fitted as `aam_model` fits the keep stage
+(utility labels only), the store's evaluation sets are projected in memory, and every member is scored in one
+pass (scoring.score_sets: probe seeds, a bootstrap over the scored videos, changes paired with raw).
+
+    operating_point   the largest k that passes both promotion gates' rules on these rows: the weaker leakage
+                      removal's lower end meets the privacy budget, no seen task's retention has its upper end
+                      below the utility floor
+    choose_ridge      the shrinkage whose single-task fits lose least on the tasks they never saw
+    keep_curve        the curve of a store -> reports/keep_family.{json,png} (validation only)
+
+Choosing here, not inside training: the choice reads private-attribute labels (the attackers), and the
+adapter must not depend on them (the label-flip test), so the curve advises and the engineer sets `keep`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import time
+from collections.abc import Sequence
+
+from ..aam.keep import apply_keep
+from ..aam.train import TrainConfig, fit_utility_keep, load_training_data
+from ..ledger import privacy_threshold, utility_fraction
+from ..roles import task_datasets
+from ..store import FeatureStore
+from .scoring import score_sets
+from .suite import load_feature_sets
+
+TASKS = ("privacy", "clip_privacy", "ar", "tad", "ad", "bias_f")
+HEADLINE = {"privacy": "leakage_removed", "clip_privacy": "leakage_removed", "ar": "retention_top1",
+            "tad": "retention_mAP", "ad": "retention_auc", "bias_f": "delta_gap"}
+GENERALISATION_TASKS = ("ar", "tad")  # AD is left out: on validation its retention is a ratio of noise (README)
+DEFAULT_KS = (8, 11, 14, 17, 20, 24)
+
+
+def summarise(rows, name: str) -> dict:
+    """name's headline figures: {task: [value, ci_low, ci_high]} (leakage removed; utility retention; bias gap Δ)."""
+    out = {}
+    for r in rows:
+        if r["feature_set"] == name and HEADLINE.get(r["task"]) == r["metric"]:
+            out[r["task"]] = [round(r["value"], 4), round(r["ci_low"], 4), round(r["ci_high"], 4)]
+    return out
+
+
+def operating_point(members: list[dict], budget: float, floor: float) -> dict | None:
+    """The largest k that passes both promotion gates' rules on these rows: the weaker leakage removal's lower end
+    meets the privacy budget, and no seen task's retention has its upper end below the utility floor (a task whose
+    raw features are at chance, retention NaN, has nothing to lose: as the utility gate)."""
+    def passes(m):
+        private = all(t in m and m[t][1] >= budget for t in ("privacy", "clip_privacy"))
+        return private and not any(m[t][2] < floor for t in m["seen"] if t in m)
+    ok = [m for m in members if passes(m)]
+    return max(ok, key=lambda m: m["k"]) if ok else None
+
+
+def choose_ridge(members: list[dict], budget: float) -> dict | None:
+    """The shrinkage that generalises best to tasks never seen in training, on these (validation) rows: per ridge,
+    the worst retention of an unseen task (AR, TAD) over the single-task fits; among ridges whose all-task fit
+    passes the privacy budget's rule (all ridges when none does), the highest. None without single-task fits."""
+    by_ridge: dict[float, dict] = {}
+    for m in members:
+        r = by_ridge.setdefault(m["ridge"], {"ridge": m["ridge"], "worst_unseen": None, "private": None})
+        if len(m["seen"]) == 1:
+            unseen = [m[t][0] for t in GENERALISATION_TASKS if t not in m["seen"] and t in m]
+            if unseen:
+                r["worst_unseen"] = min(unseen + ([r["worst_unseen"]] if r["worst_unseen"] is not None else []))
+        elif set(m["seen"]) >= set(GENERALISATION_TASKS):
+            r["private"] = all(t in m and m[t][1] >= budget for t in ("privacy", "clip_privacy"))
+    scored = [r for r in by_ridge.values() if r["worst_unseen"] is not None]
+    if not scored:
+        return None
+    eligible = [r for r in scored if r["private"]] or scored
+    best = max(eligible, key=lambda r: r["worst_unseen"])
+    return {**best, "by_ridge": sorted(by_ridge.values(), key=lambda r: r["ridge"]),
+            "privacy_rule_met_by_any": any(r["private"] for r in scored)}
+
+
+def family_sets(data, raw: dict, ks: Sequence[int], cfg: TrainConfig, ridges: Sequence[float] | None = None,
+                seens: Sequence[str] = ()) -> tuple[dict, list[dict]]:
+    """Fit one keep member per (ridge, k, seen task set) and project `raw` (dataset -> videos) through it.
+    Returns (name -> dataset -> videos, members); seens: "ar", "ar,tad", ... (default: cfg.tasks)."""
+    sets, members = {}, []
+    for ridge in ridges or [cfg.keep_ridge]:
+        for k in ks:
+            for seen in seens or [",".join(cfg.tasks)]:
+                tasks = tuple(t for t in seen.split(",") if t)
+                fit = fit_utility_keep(data, tasks, k, cfg.keep_w_motion, cfg.keep_w_app, cfg.keep_tad_phases,
+                                       w_dynamic=cfg.keep_w_dynamic, ridge=ridge)
+                name = f"keep k={k}" + (f" ridge {ridge:g}" if ridges else "") + (f" seen {seen}" if seens else "")
+                sets[name] = {d: [dataclasses.replace(v, feats=apply_keep(fit, v.feats)) for v in vs]
+                              for d, vs in raw.items()}
+                members.append({"name": name, "k": k, "ridge": ridge, "seen": list(tasks)})
+    return sets, members
+
+
+def plot_png(members: list[dict], chosen: dict | None, marks: Sequence[dict] = ()) -> bytes:
+    """Two panels (AR, TAD): each member's utility retention against its weaker leakage removal, with intervals;
+    the chosen point starred, published versions or variants (marks) drawn beside."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, task in zip(axes, ("ar", "tad")):
+        pts = [m for m in members if task in m and "privacy" in m and "clip_privacy" in m]
+        x = [min(m["privacy"][0], m["clip_privacy"][0]) for m in pts]
+        y = [m[task][0] for m in pts]
+        err = [[m[task][0] - m[task][1] for m in pts], [m[task][2] - m[task][0] for m in pts]]
+        ax.errorbar(x, y, yerr=err, fmt="o-", label="keep family")
+        for m, xi, yi in zip(pts, x, y):
+            ax.annotate(f"k={m['k']}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        if chosen and chosen in pts:
+            i = pts.index(chosen)
+            ax.plot([x[i]], [y[i]], "*", ms=14, color="tab:red", label=f"chosen k={chosen['k']}")
+        for m in marks:
+            if task in m and "privacy" in m and "clip_privacy" in m:
+                ax.errorbar([min(m["privacy"][0], m["clip_privacy"][0])], [m[task][0]],
+                            yerr=[[m[task][0] - m[task][1]], [m[task][2] - m[task][0]]], fmt="s", label=m["name"])
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xlabel("weaker leakage removed (close-ups, action clips)")
+        ax.set_ylabel(f"{task.upper()}: share of raw's above-chance utility kept")
+    axes[1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def keep_curve(fs: FeatureStore, ks: Sequence[int] = DEFAULT_KS, seeds: Sequence[int] = range(5),
+               versions: Sequence[str] = (), cfg: TrainConfig | None = None, budget: float | None = None,
+               floor: float | None = None, extra_sets: dict | None = None, extra_marks: Sequence[dict] = (),
+               log=None) -> dict:
+    """The family's curve on validation videos, with published `versions` (and `extra_sets`, e.g. variants
+    trained in memory) marked; writes reports/keep_family.{json,png} and returns the JSON."""
+    cfg = cfg or TrainConfig()
+    budget = privacy_threshold() if budget is None else budget
+    floor = utility_fraction() if floor is None else floor
+    t0 = time.perf_counter()
+    data = load_training_data(fs)
+    ks = [k for k in ks if 0 < k < data.dim]  # k = D would publish an invertible map of the raw latents
+    assert ks, f"keep_curve: no width below the latents' {data.dim} dims among {ks}"
+    ds = task_datasets(fs, {})
+    which = [t for t in TASKS if t in ds]
+    raw = load_feature_sets(fs, which, "raw", datasets=ds)
+    sets, members = family_sets(data, raw, ks, cfg)
+    marks = [dict(m) for m in extra_marks]
+    sets.update(extra_sets or {})
+    for version in versions:
+        name = f"AAM {version}"
+        sets[name] = load_feature_sets(fs, which, "anonymized", version, datasets=ds)
+        marks.append({"name": name, "seen": ["ar", "tad", "ad"]})
+    rows = score_sets({"raw": raw, **sets}, which, ds, split="val", seeds=list(seeds), log=log)
+    for m in members + marks:
+        m.update(summarise(rows, m["name"]))
+    chosen = operating_point(members, budget, floor)
+    out = {"split": "val", "seeds": list(seeds), "budget": budget, "floor": floor, "members": members,
+           "marks": marks, "chosen_k": chosen and chosen["k"], "keep_ridge": cfg.keep_ridge,
+           "keep_w_motion": cfg.keep_w_motion, "keep_w_dynamic": cfg.keep_w_dynamic,
+           "raw": [{k: r[k] for k in ("task", "metric", "value", "ci_low", "ci_high", "chance")} for r in rows
+                   if r["feature_set"] == "raw"],
+           "seconds": round(time.perf_counter() - t0, 1)}
+    fs.fs.write_json("reports/keep_family.json", out)
+    fs.fs.put_atomic("reports/keep_family.png", plot_png(members, chosen, marks))
+    return out
+
+
+def curve_markdown(out: dict) -> str:
+    """The curve as a Markdown table: one row per member (and mark), the chosen k in bold."""
+    def pct(v):
+        return "—" if v is None else f"{v[0] * 100:.0f}% [{v[1] * 100:.0f}, {v[2] * 100:.0f}]"
+
+    def ret(v):
+        return "—" if v is None else f"{v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]"
+
+    lines = ["| member | close-ups removed | action clips removed | AR retention | TAD retention |",
+             "|---|---:|---:|---:|---:|"]
+    for m in out["members"] + out["marks"]:
+        name = f"**{m['name']} (chosen)**" if m.get("k") is not None and m.get("k") == out["chosen_k"] \
+            and m in out["members"] else m["name"]
+        lines.append(f"| {name} | {pct(m.get('privacy'))} | {pct(m.get('clip_privacy'))} | {ret(m.get('ar'))} | "
+                     f"{ret(m.get('tad'))} |")
+    return "\n".join(lines)
