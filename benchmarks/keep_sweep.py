@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from splavu_core.aam.train import TrainConfig, load_training_data  # noqa: E402
+from splavu_core.aam.train import TrainConfig  # noqa: E402
 from splavu_core.evaluation.keep_curve import (TASKS, choose_ridge, family_sets, keep_curve, operating_point,  # noqa: E402
-                                               plot_png, summarise)
+                                               plot_png, summarise, training_data)
 from splavu_core.evaluation.scoring import score_sets  # noqa: E402
 from splavu_core.evaluation.suite import load_feature_sets  # noqa: E402
 from splavu_core.ledger import privacy_threshold, utility_fraction  # noqa: E402
@@ -66,7 +66,7 @@ def main():
     fs = FeatureStore(args.store)
     cfg = TrainConfig(**{f"keep_{n}": v for n, v in (("w_motion", args.w_motion), ("w_dynamic", args.w_dynamic))
                          if v is not None})
-    data = load_training_data(fs)
+    data, cfg = training_data(fs, cfg)
     ds = task_datasets(fs, {})
     which = [t for t in TASKS if t in ds]
     raw = load_feature_sets(fs, which, "raw", datasets=ds)

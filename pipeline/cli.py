@@ -7,6 +7,7 @@
     splavu publish [--version V]                            anonymized tables + DuckDB catalog
     splavu evaluate [--version V] [--seed N]                privacy-utility report (raw vs anonymized), with intervals
     splavu promote VERSION [--force --reason TEXT]          make a version current (gated) / splavu rollback
+    splavu curve [--ks 8 11 14 ...]                         the keep family's curve on validation: which width k to train
     splavu ablations                                        the paper's ablations on the same latents
     splavu baselines [--masks rendered|hog]                 pixel-space baselines, scored beside splavu
     splavu sql "SELECT ..."  /  splavu neighbors VIDEO_ID   analysts: query the catalog read-only
@@ -295,6 +296,22 @@ def skip_lines(skipped: dict[str, str]) -> list[str]:
                   if task not in no_data]
 
 
+def cmd_curve(args) -> int:
+    """The keep_curve job: the keep family fitted and scored on the store's validation videos, and its check."""
+    r = _runner()
+    root = _store_root(args)
+    cfg = {"ks": args.ks} if args.ks else {}
+    res = r.run_job(r.instance(), "keep_curve", r.StoreResource(root=root),
+                    run_config={"ops": {"keep_family_curve": {"config": cfg}}})
+    md = r.metadata(res, "keep_family_curve")
+    print(md["table"])
+    for check in res.get_asset_check_evaluations():
+        print(f"{'' if check.passed else 'warning: '}check {check.check_name} "
+              f"{'passed' if check.passed else 'failed'}: {check.description}")
+    print(f"curve: {md['path']} (+ .png); {md['seconds']:.0f} s")
+    return 0
+
+
 def cmd_ablations(args) -> int:
     r = _runner()
     root = _store_root(args)
@@ -468,6 +485,10 @@ def main(argv=None) -> int:
     p = add("rollback", help="make the previously current AAM version current again")
     p.add_argument("--reason", help="why (kept in the ledger log)")
     p.set_defaults(fn=cmd_rollback)
+
+    p = add("curve", help="fit and score the keep family on validation videos; say which width k the gates allow")
+    p.add_argument("--ks", type=int, nargs="+", help="widths to score (default 8 11 14 17 20 24)")
+    p.set_defaults(fn=cmd_curve)
 
     p = add("ablations", help="train and score the ablation variants; write reports/ablations.*")
     p.add_argument("--variants", nargs="*")

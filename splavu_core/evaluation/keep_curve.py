@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from ..aam.keep import apply_keep
 from ..aam.train import TrainConfig, fit_utility_keep, load_training_data
 from ..ledger import privacy_threshold, utility_fraction
-from ..roles import task_datasets
+from ..roles import task_datasets, training_plan
 from ..store import FeatureStore
 from .scoring import score_sets
 from .suite import load_feature_sets
@@ -75,6 +75,13 @@ def choose_ridge(members: list[dict], budget: float) -> dict | None:
     best = max(eligible, key=lambda r: r["worst_unseen"])
     return {**best, "by_ridge": sorted(by_ridge.values(), key=lambda r: r["ridge"]),
             "privacy_rule_met_by_any": any(r["private"] for r in scored)}
+
+
+def training_data(fs: FeatureStore, cfg: TrainConfig) -> tuple:
+    """(the training data aam_model would read, by the store's roles; cfg with the tasks that have labelled data)."""
+    plan = training_plan(fs)
+    data = load_training_data(fs, plan.datasets["ar"], plan.datasets["tad"], plan.datasets["ad"])
+    return data, dataclasses.replace(cfg, tasks=plan.tasks)
 
 
 def family_sets(data, raw: dict, ks: Sequence[int], cfg: TrainConfig, ridges: Sequence[float] | None = None,
@@ -140,7 +147,7 @@ def keep_curve(fs: FeatureStore, ks: Sequence[int] = DEFAULT_KS, seeds: Sequence
     budget = privacy_threshold() if budget is None else budget
     floor = utility_fraction() if floor is None else floor
     t0 = time.perf_counter()
-    data = load_training_data(fs)
+    data, cfg = training_data(fs, cfg)
     ks = [k for k in ks if 0 < k < data.dim]  # k = D would publish an invertible map of the raw latents
     assert ks, f"keep_curve: no width below the latents' {data.dim} dims among {ks}"
     ds = task_datasets(fs, {})
