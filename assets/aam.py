@@ -1,6 +1,5 @@
 """aam_model: the Anonymizing Adapter Module, trained from cached latents only."""
 
-import base64
 import dataclasses
 import inspect
 import io
@@ -15,6 +14,7 @@ from splavu_core import costs
 from splavu_core.aam.io import adapter_version, save_adapter
 from splavu_core.aam.model import DEFAULT_ADAPTER, AAMConfig
 from splavu_core.aam.train import TASKS, TrainConfig, load_training_data, train_aam
+from splavu_core.evaluation.report import png_markdown
 from splavu_core.publish import record_version
 from splavu_core.roles import training_plan
 
@@ -193,10 +193,10 @@ def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, stor
     if summary["history"]:  # a closed-form adapter (keep, no trained block) has no epochs to plot
         png = loss_curve_png(summary["history"], summary.get("diagnostics"), summary["selected_epoch"])
         fs.fs.put_atomic(f"aam/{version}/loss_curves.png", png)
-    record_version(fs, version, {"encoder_fingerprint": fingerprint, "config": acfg.to_dict()},
-                   version_metrics(summary), make_current=False)  # becomes current once its tables are published
-    costs.record(fs, "splavu", "train", version, summary["seconds"])
     metrics = version_metrics(summary)
+    record_version(fs, version, {"encoder_fingerprint": fingerprint, "config": acfg.to_dict()},
+                   metrics, make_current=False)  # becomes current once its tables are published
+    costs.record(fs, "splavu", "train", version, summary["seconds"])
     return dg.MaterializeResult(metadata={
         "version": version, "parameters": summary["parameters"], "encoder_fingerprint": fingerprint,
         "selected_epoch": summary["selected_epoch"], "train_seconds": dg.MetadataValue.float(summary["seconds"]),
@@ -207,7 +207,7 @@ def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, stor
         **_diagnostic_metadata(summary.get("diagnostics")),
         # the one way to show an image in the UI is markdown; the PNG itself is at loss_curves_path
         **({"loss_curves_path": dg.MetadataValue.path(str(fs.loc("aam", version, "loss_curves.png"))),
-            "loss_curves": dg.MetadataValue.md(f"![loss curves](data:image/png;base64,{base64.b64encode(png).decode()})")}
+            "loss_curves": dg.MetadataValue.md(png_markdown(png, "loss curves"))}
            if png else {}),
         **({"published_width": summary["keep"]["k"]} if summary.get("keep") else {}),
         **_keep_family_metadata(fs),
@@ -226,8 +226,7 @@ def _keep_family_metadata(fs) -> dict:
           "keep_family": dg.MetadataValue.json({k: family[k] for k in ("split", "seeds", "budget", "chosen_k")})}
     try:
         png = fs.fs.read_bytes("reports/keep_family.png")
-        md["keep_family_curve"] = dg.MetadataValue.md(
-            f"![keep family](data:image/png;base64,{base64.b64encode(png).decode()})")
+        md["keep_family_curve"] = dg.MetadataValue.md(png_markdown(png, "keep family"))
     except FileNotFoundError:
         pass
     return md

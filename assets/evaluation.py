@@ -13,13 +13,12 @@ Upstream assets are referred to by key only (anonymized_features, clip_latents),
 imports none of their code. Every head is trained fresh on the features it scores.
 """
 
-import base64
 
 import dagster as dg
 from pydantic import Field
 
 from pipeline.resources import StoreResource
-from splavu_core.evaluation.report import read_report, report_markdown, write_privacy_utility_report
+from splavu_core.evaluation.report import png_markdown, read_report, report_markdown, write_privacy_utility_report
 from splavu_core.evaluation.scoring import score_sets
 from splavu_core.evaluation.suite import (DEFAULT_DATASETS, RAW, UTILITY_KEYS, build_report, load_feature_sets,
                                           newest_version, read_metric_rows, write_metric_rows)
@@ -165,10 +164,6 @@ class ReportConfig(dg.Config):
     aam_version: str = Field(default="", description="AAM version reported (default: the current one)")
     seed: int = Field(default=0, description="the base probe seed the *_eval assets used (recorded in the report)")
     n_seeds: int = 5
-
-
-def png_markdown(png: bytes, alt: str = "trade-off") -> str:
-    return f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})"
 
 
 @dg.asset(deps=EVAL_ASSETS, group_name=GROUP, kinds={"json", "markdown"},

@@ -12,9 +12,9 @@ the adapter must never depend on them (the label-flip test). A data engineer set
 import dagster as dg
 from pydantic import Field
 
-from assets.evaluation import png_markdown
 from pipeline.resources import StoreResource
 from splavu_core.evaluation.keep_curve import DEFAULT_KS, curve_markdown, keep_curve
+from splavu_core.evaluation.report import png_markdown
 from splavu_core.ledger import current_version
 from splavu_core.store import FeatureStore
 
@@ -46,9 +46,8 @@ def published_k(fs: FeatureStore, version: str | None) -> int | None:
 def keep_family_curve(context: dg.AssetExecutionContext, config: KeepCurveConfig, store: StoreResource):
     fs = store.store()
     current = current_version(fs)
-    out = keep_curve(fs, config.ks, range(config.n_seeds),
-                     versions=[current] if config.mark_current and current else [], log=context.log.info)
-    png = fs.fs.read_bytes("reports/keep_family.png")
+    out, png = keep_curve(fs, config.ks, range(config.n_seeds),
+                          versions=[current] if config.mark_current and current else [], log=context.log.info)
     return dg.MaterializeResult(metadata={
         "chosen_k": out["chosen_k"] or 0, "current_version": current or "", "current_k": published_k(fs, current) or 0,
         "budget": out["budget"], "floor": out["floor"], "seconds": out["seconds"],
@@ -69,17 +68,16 @@ def keep_width_matches_curve(context: dg.AssetCheckExecutionContext, store: Stor
     if not chosen:
         why = (f"no width of {[m['k'] for m in out['members']]} passes both gates' rules on validation (privacy "
                f"budget {out['budget']:g} at the lower end, utility floor {out['floor']:g} at the upper end)")
-        return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, description=why, metadata=md)
-    if k is None:
+    elif k is None:
         why = (f"the curve picks k = {chosen}; " + (f"the current version {current} has no keep stage" if current
                                                    else "no version is current") + f": train with {{\"keep\": {chosen}}}")
-        return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, description=why, metadata=md)
-    if k != chosen:
+    elif k != chosen:
         why = (f"the current version {current} publishes k = {k}; this store's validation curve picks k = {chosen}: "
                f"retrain with {{\"keep\": {chosen}}} (splavu train --config)")
-        return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, description=why, metadata=md)
-    return dg.AssetCheckResult(passed=True, description=f"the current version publishes k = {k}, the curve's choice",
-                               metadata=md)
+    else:
+        return dg.AssetCheckResult(passed=True, description=f"the current version publishes k = {k}, the curve's "
+                                   f"choice", metadata=md)
+    return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN, description=why, metadata=md)
 
 
 keep_curve_job = dg.define_asset_job(

@@ -22,12 +22,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from splavu_core.aam.train import TrainConfig  # noqa: E402
-from splavu_core.evaluation.keep_curve import (TASKS, choose_ridge, family_sets, keep_curve, operating_point,  # noqa: E402
-                                               plot_png, summarise, training_data)
-from splavu_core.evaluation.scoring import score_sets  # noqa: E402
-from splavu_core.evaluation.suite import load_feature_sets  # noqa: E402
+from splavu_core.evaluation.keep_curve import (choose_ridge, family_sets, keep_curve, load_inputs,  # noqa: E402
+                                               operating_point, plot_png, score_family)
 from splavu_core.ledger import privacy_threshold, utility_fraction  # noqa: E402
-from splavu_core.roles import task_datasets  # noqa: E402
 from splavu_core.store import FeatureStore  # noqa: E402
 
 
@@ -66,34 +63,23 @@ def main():
     fs = FeatureStore(args.store)
     cfg = TrainConfig(**{f"keep_{n}": v for n, v in (("w_motion", args.w_motion), ("w_dynamic", args.w_dynamic))
                          if v is not None})
-    data, cfg = training_data(fs, cfg)
-    ds = task_datasets(fs, {})
-    which = [t for t in TASKS if t in ds]
-    raw = load_feature_sets(fs, which, "raw", datasets=ds)
+    inp = load_inputs(fs, cfg)
     t0 = time.perf_counter()
-    vsets, marks = variant_sets(fs, data, raw, args.variant)
+    vsets, marks = variant_sets(fs, inp.data, inp.raw, args.variant)
     if args.split == "val" and not args.seen and not args.ridge:  # the curve and its operating point, as the asset
-        out = keep_curve(fs, args.k, args.seeds, versions=args.mark, cfg=cfg, budget=args.budget, floor=args.floor,
-                         extra_sets=vsets, extra_marks=marks)
+        out, _ = keep_curve(fs, args.k, args.seeds, versions=args.mark, budget=args.budget, floor=args.floor,
+                            extra_sets=vsets, extra_marks=marks, inputs=inp)
         for m in out["marks"] + out["members"]:
             print(json.dumps(m), flush=True)
         print(json.dumps({"chosen_k": out["chosen_k"], "budget": args.budget, "split": "val",
                           "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
         return
-    sets, members = family_sets(data, raw, args.k, cfg, ridges=args.ridge, seens=args.seen)
-    sets.update(vsets)
-    for version in args.mark:  # published AAM versions (e.g. the previous default) on the same view
-        name = f"AAM {version}"
-        sets[name] = load_feature_sets(fs, which, "anonymized", version, datasets=ds)
-        marks.append({"name": name, "seen": ["ar", "tad", "ad"]})
-    rows = score_sets({"raw": raw, **sets}, which, ds, split=args.split, seeds=args.seeds)
+    sets, members = family_sets(inp, args.k, ridges=args.ridge, seens=args.seen)
+    raw_rows = score_family(fs, inp, {**sets, **vsets}, members, marks, args.mark, args.split, args.seeds)
     for m in marks + members:
-        m.update(summarise(rows, m["name"]))
         print(json.dumps(m), flush=True)
     out = {"split": args.split, "seeds": args.seeds, "budget": args.budget, "floor": args.floor, "members": members,
-           "marks": marks, "raw": [{k: r[k] for k in ("task", "metric", "value", "ci_low", "ci_high", "chance")}
-                                   for r in rows if r["feature_set"] == "raw"],
-           "keep_w_motion": cfg.keep_w_motion, "keep_w_dynamic": cfg.keep_w_dynamic,
+           "marks": marks, "raw": raw_rows, "keep_w_motion": cfg.keep_w_motion, "keep_w_dynamic": cfg.keep_w_dynamic,
            "seconds": round(time.perf_counter() - t0, 1)}
     (fs.root / "reports").mkdir(exist_ok=True)
     if args.seen:

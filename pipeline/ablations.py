@@ -20,7 +20,6 @@ Variants whose training config is identical (loss_all = tasks_all = wlc_<base w_
 train once: the result is cached per config in <root>/reports/ablations/by_config/.
 """
 
-import base64
 import dataclasses
 import time
 
@@ -32,7 +31,7 @@ from assets.evaluation import ProbeSettings
 from pipeline.resources import StoreResource
 from splavu_core.aam.io import adapter_version
 from splavu_core.aam.train import load_oracle_labels, load_training_data, train_aam
-from splavu_core.evaluation.report import ablation_markdown, write_ablation_report
+from splavu_core.evaluation.report import ablation_markdown, png_markdown, write_ablation_report
 from splavu_core.evaluation.scoring import score_sets
 from splavu_core.evaluation.suite import (RAW, TASKS, _key, _safe, _shard_state, add_derived, anonymize_videos,
                                           build_report, load_feature_sets, report_row)
@@ -252,7 +251,7 @@ def ablation_report(context: dg.AssetExecutionContext, config: AblationConfig, s
         "path": str(paths["json"]), "variants": len(report["rows"]) - 1,
         "missing": dg.MetadataValue.json(status["missing"]), "stale": dg.MetadataValue.json(status["stale"]),
         "table": dg.MetadataValue.md(ablation_markdown(report, GROUPS)), "report": dg.MetadataValue.json(report),
-        "tradeoff": dg.MetadataValue.md(f"![ablations](data:image/png;base64,{base64.b64encode(png).decode()})")})
+        "tradeoff": dg.MetadataValue.md(png_markdown(png, "ablations"))})
 
 
 ablations_job = dg.define_asset_job(

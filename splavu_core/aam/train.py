@@ -234,10 +234,9 @@ def fit_appearance_erasure(data: TrainingData, fit_idx: np.ndarray, rank: int, w
                        w_temporal=w_temporal)
 
 
-def fit_utility_keep(data: TrainingData, tasks, k: int, w_motion: float = 0.0, w_app: float = 0.0,
-                     tad_phases: int = 3, transform=None, w_dynamic: float = 0.0, ridge: float = 1e-3):
-    """The keep stage as aam_model fits it: the co-trained tasks' training videos (utility labels only) and
-    the static clips, unlabelled; `transform` (the erasure, when there is one) applied first."""
+def fit_utility_keep(data: TrainingData, tasks, k: int, cfg: TrainConfig, transform=None):
+    """The keep stage as aam_model fits it, with cfg's keep_* fields: the training videos of `tasks` (utility labels
+    only) and the static clips, unlabelled; `transform` (the erasure, when there is one) applied first."""
     from .keep import fit_keep
 
     f = transform or (lambda x: x)
@@ -247,10 +246,11 @@ def fit_utility_keep(data: TrainingData, tasks, k: int, w_motion: float = 0.0, w
         task_videos = {"ar": [dataclasses.replace(v, feats=f(v.feats), meta={"action": "_"})
                               for v in data.ar_train + data.tad_train + data.ad_train]}
     static = f(data.static.reshape(-1, data.dim)).reshape(data.static.shape) if len(data.static) else data.static
-    dynamic = [] if w_dynamic <= 0 or data.static_actions is None else \
+    dynamic = [] if cfg.keep_w_dynamic <= 0 or data.static_actions is None else \
         [f(a) - s.mean(0) for a, s in zip(data.static_actions, static) if len(a)]  # (n_i, D): what motion adds
-    return fit_keep(task_videos, static, k, w_motion=w_motion, w_app=w_app, tad_phases=tad_phases,
-                    w_dynamic=w_dynamic, dynamic=dynamic, ridge=ridge)
+    return fit_keep(task_videos, static, k, w_motion=cfg.keep_w_motion, w_app=cfg.keep_w_app,
+                    tad_phases=cfg.keep_tad_phases, w_dynamic=cfg.keep_w_dynamic, dynamic=dynamic,
+                    ridge=cfg.keep_ridge)
 
 
 def _load_buffers(module, **arrays) -> None:
@@ -267,8 +267,7 @@ def _fit_keep_into(adapter, data: TrainingData, cfg: TrainConfig, log) -> dict:
             with torch.no_grad():
                 return adapter.erase(torch.from_numpy(np.ascontiguousarray(x, np.float32))).numpy()
     k = adapter.cfg.keep
-    fit = fit_utility_keep(data, cfg.tasks, k, cfg.keep_w_motion, cfg.keep_w_app, cfg.keep_tad_phases, transform,
-                           cfg.keep_w_dynamic, cfg.keep_ridge)
+    fit = fit_utility_keep(data, cfg.tasks, k, cfg, transform)
     _load_buffers(adapter.keep, mean=fit.mean, proj=fit.proj)
     ev = fit.eigenvalues
     if log:
@@ -345,7 +344,7 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
     sampler = PairSampler(data, fit_idx, cfg.pairs, gen)
     critic = PairCritic(out, cfg.critic_hidden) if cfg.privacy == "critic" else None
     opt_critic = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr) if critic else None
-    oracle = _Oracle(data, fit_idx, cfg) if cfg.oracle else None
+    oracle = _Oracle(data, fit_idx, cfg, out) if cfg.oracle else None
     steps_per_epoch = max(1, len(x_ar) // cfg.batch) if len(x_ar) else max(1, len(fit_idx) // max(2, cfg.batch // 4))
     diag_epochs = set(np.linspace(1, cfg.epochs, cfg.diagnose_points).round().astype(int).tolist()) if diagnose else set()
     diag = {"raw": _round(pair_matching_report(data.static, data.static_actions, fit_idx, held_idx, seed=cfg.seed,
@@ -456,11 +455,10 @@ class _Oracle:
     """DIAGNOSTIC ONLY: a supervised attribute attacker on the training actors' private labels; the adapter
     is trained to push its predictions to the attributes' prevalence. Shows what this encoder permits at all."""
 
-    def __init__(self, data: TrainingData, fit_idx: np.ndarray, cfg: TrainConfig):
+    def __init__(self, data: TrainingData, fit_idx: np.ndarray, cfg: TrainConfig, width: int):
         y = torch.from_numpy(np.asarray(data.attributes, np.float32)[fit_idx])   # (V, A)
         self.y, self.prior = y, y.mean(0).clamp(0.02, 0.98)
-        D, A = data.dim, y.shape[1]
-        D = cfg.adapter.get("keep") or D                           # the adapter's output width
+        D, A = width, y.shape[1]                                    # D: the adapter's output width
         self.net = nn.Sequential(nn.Linear(D, D), nn.ReLU(), nn.Linear(D, A))
         self.opt = torch.optim.AdamW(self.net.parameters(), lr=1e-3)
         self.steps = cfg.critic_steps

@@ -77,29 +77,59 @@ def choose_ridge(members: list[dict], budget: float) -> dict | None:
             "privacy_rule_met_by_any": any(r["private"] for r in scored)}
 
 
-def training_data(fs: FeatureStore, cfg: TrainConfig) -> tuple:
-    """(the training data aam_model would read, by the store's roles; cfg with the tasks that have labelled data)."""
+@dataclasses.dataclass
+class FamilyInputs:
+    """What every member is fitted from and scored on, read once: the training data aam_model would read (by the
+    store's roles), cfg with the tasks that have labelled data, and the raw evaluation sets."""
+    data: object
+    cfg: TrainConfig
+    datasets: dict                # task -> dataset
+    which: list                   # the TASKS this store can score
+    raw: dict                     # dataset -> raw videos
+
+
+def load_inputs(fs: FeatureStore, cfg: TrainConfig | None = None) -> FamilyInputs:
+    cfg = cfg or TrainConfig()
     plan = training_plan(fs)
     data = load_training_data(fs, plan.datasets["ar"], plan.datasets["tad"], plan.datasets["ad"])
-    return data, dataclasses.replace(cfg, tasks=plan.tasks)
+    ds = task_datasets(fs, {})
+    which = [t for t in TASKS if t in ds]
+    return FamilyInputs(data, dataclasses.replace(cfg, tasks=plan.tasks), ds, which,
+                        load_feature_sets(fs, which, "raw", datasets=ds))
 
 
-def family_sets(data, raw: dict, ks: Sequence[int], cfg: TrainConfig, ridges: Sequence[float] | None = None,
+def family_sets(inp: FamilyInputs, ks: Sequence[int], ridges: Sequence[float] | None = None,
                 seens: Sequence[str] = ()) -> tuple[dict, list[dict]]:
-    """Fit one keep member per (ridge, k, seen task set) and project `raw` (dataset -> videos) through it.
-    Returns (name -> dataset -> videos, members); seens: "ar", "ar,tad", ... (default: cfg.tasks)."""
+    """Fit one keep member per (ridge, k, seen task set) and project the raw sets through it.
+    Returns (name -> dataset -> videos, members); seens: "ar", "ar,tad", ... (default: the config's tasks)."""
     sets, members = {}, []
-    for ridge in ridges or [cfg.keep_ridge]:
+    for ridge in ridges or [inp.cfg.keep_ridge]:
+        cfg = dataclasses.replace(inp.cfg, keep_ridge=ridge)
         for k in ks:
             for seen in seens or [",".join(cfg.tasks)]:
                 tasks = tuple(t for t in seen.split(",") if t)
-                fit = fit_utility_keep(data, tasks, k, cfg.keep_w_motion, cfg.keep_w_app, cfg.keep_tad_phases,
-                                       w_dynamic=cfg.keep_w_dynamic, ridge=ridge)
+                fit = fit_utility_keep(inp.data, tasks, k, cfg)
                 name = f"keep k={k}" + (f" ridge {ridge:g}" if ridges else "") + (f" seen {seen}" if seens else "")
                 sets[name] = {d: [dataclasses.replace(v, feats=apply_keep(fit, v.feats)) for v in vs]
-                              for d, vs in raw.items()}
+                              for d, vs in inp.raw.items()}
                 members.append({"name": name, "k": k, "ridge": ridge, "seen": list(tasks)})
     return sets, members
+
+
+def score_family(fs: FeatureStore, inp: FamilyInputs, sets: dict, members: list[dict], marks: list[dict],
+                 versions: Sequence[str] = (), split: str = "val", seeds: Sequence[int] = range(5), log=None) -> list:
+    """Score raw, the members, the marks' sets and the published `versions` in one pass; each member and mark (a
+    version added as "AAM <version>") gets its headline figures. Returns raw's rows (task, metric, interval)."""
+    sets = dict(sets)
+    for version in versions:
+        name = f"AAM {version}"
+        sets[name] = load_feature_sets(fs, inp.which, "anonymized", version, datasets=inp.datasets)
+        marks.append({"name": name, "seen": ["ar", "tad", "ad"]})
+    rows = score_sets({"raw": inp.raw, **sets}, inp.which, inp.datasets, split=split, seeds=list(seeds), log=log)
+    for m in members + marks:
+        m.update(summarise(rows, m["name"]))
+    return [{k: r[k] for k in ("task", "metric", "value", "ci_low", "ci_high", "chance")} for r in rows
+            if r["feature_set"] == "raw"]
 
 
 def plot_png(members: list[dict], chosen: dict | None, marks: Sequence[dict] = ()) -> bytes:
@@ -140,39 +170,27 @@ def plot_png(members: list[dict], chosen: dict | None, marks: Sequence[dict] = (
 def keep_curve(fs: FeatureStore, ks: Sequence[int] = DEFAULT_KS, seeds: Sequence[int] = range(5),
                versions: Sequence[str] = (), cfg: TrainConfig | None = None, budget: float | None = None,
                floor: float | None = None, extra_sets: dict | None = None, extra_marks: Sequence[dict] = (),
-               log=None) -> dict:
+               inputs: FamilyInputs | None = None, log=None) -> tuple[dict, bytes]:
     """The family's curve on validation videos, with published `versions` (and `extra_sets`, e.g. variants
-    trained in memory) marked; writes reports/keep_family.{json,png} and returns the JSON."""
-    cfg = cfg or TrainConfig()
+    trained in memory) marked; writes reports/keep_family.{json,png} and returns (the JSON, the PNG)."""
     budget = privacy_threshold() if budget is None else budget
     floor = utility_fraction() if floor is None else floor
     t0 = time.perf_counter()
-    data, cfg = training_data(fs, cfg)
-    ks = [k for k in ks if 0 < k < data.dim]  # k = D would publish an invertible map of the raw latents
-    assert ks, f"keep_curve: no width below the latents' {data.dim} dims among {ks}"
-    ds = task_datasets(fs, {})
-    which = [t for t in TASKS if t in ds]
-    raw = load_feature_sets(fs, which, "raw", datasets=ds)
-    sets, members = family_sets(data, raw, ks, cfg)
+    inp = inputs or load_inputs(fs, cfg)
+    ks = [k for k in ks if 0 < k < inp.data.dim]  # k = D would publish an invertible map of the raw latents
+    assert ks, f"keep_curve: no width below the latents' {inp.data.dim} dims among {ks}"
+    sets, members = family_sets(inp, ks)
     marks = [dict(m) for m in extra_marks]
-    sets.update(extra_sets or {})
-    for version in versions:
-        name = f"AAM {version}"
-        sets[name] = load_feature_sets(fs, which, "anonymized", version, datasets=ds)
-        marks.append({"name": name, "seen": ["ar", "tad", "ad"]})
-    rows = score_sets({"raw": raw, **sets}, which, ds, split="val", seeds=list(seeds), log=log)
-    for m in members + marks:
-        m.update(summarise(rows, m["name"]))
+    raw_rows = score_family(fs, inp, {**sets, **(extra_sets or {})}, members, marks, versions, "val", seeds, log)
     chosen = operating_point(members, budget, floor)
     out = {"split": "val", "seeds": list(seeds), "budget": budget, "floor": floor, "members": members,
-           "marks": marks, "chosen_k": chosen and chosen["k"], "keep_ridge": cfg.keep_ridge,
-           "keep_w_motion": cfg.keep_w_motion, "keep_w_dynamic": cfg.keep_w_dynamic,
-           "raw": [{k: r[k] for k in ("task", "metric", "value", "ci_low", "ci_high", "chance")} for r in rows
-                   if r["feature_set"] == "raw"],
+           "marks": marks, "chosen_k": chosen and chosen["k"], "keep_ridge": inp.cfg.keep_ridge,
+           "keep_w_motion": inp.cfg.keep_w_motion, "keep_w_dynamic": inp.cfg.keep_w_dynamic, "raw": raw_rows,
            "seconds": round(time.perf_counter() - t0, 1)}
+    png = plot_png(members, chosen, marks)
     fs.fs.write_json("reports/keep_family.json", out)
-    fs.fs.put_atomic("reports/keep_family.png", plot_png(members, chosen, marks))
-    return out
+    fs.fs.put_atomic("reports/keep_family.png", png)
+    return out, png
 
 
 def curve_markdown(out: dict) -> str:

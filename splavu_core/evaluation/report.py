@@ -9,6 +9,7 @@ Every file is written atomically: a temp name renamed into place, or one PUT on 
 """
 from __future__ import annotations
 
+import base64
 import io
 import json
 from collections.abc import Mapping, Sequence
@@ -211,6 +212,11 @@ def ablation_markdown(report: dict, groups: Mapping[str, Sequence[str]]) -> str:
 
 
 # ---------------------------------------------------------------- PNG
+
+def png_markdown(png: bytes, alt: str = "trade-off") -> str:
+    """A PNG inline in Markdown (the one way Dagster's UI shows an image from metadata)."""
+    return f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})"
+
 
 def tradeoff_png(report: dict, title: str = "Privacy–utility trade-off") -> bytes:
     """x: privacy cMAP (lower = more private), y: mean utility retention over AR/TAD/AD (raw = 1)."""
