@@ -283,34 +283,41 @@ def utility_fraction(fraction: float | None = None) -> float:
 
 
 def budget_verdict(measure: dict, threshold: float) -> tuple[bool, str]:
-    """Does the measured leakage removal meet `threshold` on close-ups AND on action clips? (passed, reason).
-    Where the measure carries an interval (leakage_removed_ci_low), its LOWER end must meet the budget."""
-    parts = [(name, measure[name]) for name in ("closeups", "clips")
+    """Does the measured leakage removal meet `threshold` on close-ups AND on action clips AND the linkage removed
+    on re-identification, each by the strongest attacker of the suite? (passed, reason). Where the measure carries
+    an interval (leakage_removed_ci_low), its LOWER end must meet the budget."""
+    parts = [(name, measure[name]) for name in ("closeups", "clips", "linking")
              if isinstance(measure.get(name), dict) and "skipped" not in measure[name]]
     if not parts:  # a measure of one dataset only
         return _verdict_one(measure, threshold)
     verdicts = [(name, *_verdict_one(m, threshold)) for name, m in parts]
     ok = all(v[1] for v in verdicts)
     why = "; ".join(f"{name}: {reason}" for name, _, reason in verdicts)
-    if isinstance(measure.get("clips"), dict) and "skipped" in measure["clips"]:
-        why += f"; action clips not measured ({measure['clips']['skipped']})"
+    for name, what in (("clips", "action clips"), ("linking", "re-identification")):
+        if isinstance(measure.get(name), dict) and "skipped" in measure[name]:
+            why += f"; {what} not measured ({measure[name]['skipped']})"
     return ok, why
 
 
 def _verdict_one(measure: dict, threshold: float) -> tuple[bool, str]:
     lr = measure["leakage_removed"]
+    what = "linkage removed" if measure.get("metric") == "rank1" else "leakage removed"
+    by = f" (strongest attacker: {measure['strongest_anonymized']})" if measure.get("strongest_anonymized") else ""
     if threshold <= 0 and measure.get("leakage_removed_ci_low") is not None:  # no removal required: the gate is off
         return True, f"privacy budget off (budget {threshold:g}; leakage removed {lr:.3f})"
     if lr is None:  # raw features do not leak above chance: pass only if the anonymized ones do not either
-        ok = measure["anonymized_cmap"] <= measure["chance_cmap"]
-        return ok, ("raw features are at chance; anonymized cMAP "
-                    f"{measure['anonymized_cmap']:.4f} {'<=' if ok else '>'} chance {measure['chance_cmap']:.4f}")
+        ci = measure.get("anonymized_cmap_ci")
+        low = ci[0] if ci else measure["anonymized_cmap"]
+        ok = low <= measure["chance_cmap"]
+        name = "rank-1" if measure.get("metric") == "rank1" else "cMAP"
+        return ok, (f"raw features are at chance; anonymized {name} {measure['anonymized_cmap']:.4f} "
+                    f"({'lower end ' if ci else ''}{low:.4f} {'<=' if ok else '>'} chance {measure['chance_cmap']:.4f})")
     low = measure.get("leakage_removed_ci_low")
     if low is None:
         ok = lr >= threshold
-        return ok, f"leakage removed {lr:.3f} {'>=' if ok else '<'} budget {threshold:g}"
+        return ok, f"{what} {lr:.3f}{by} {'>=' if ok else '<'} budget {threshold:g}"
     ok = low >= threshold
-    return ok, (f"leakage removed {lr:.3f} (95% CI low {low:.3f}) {'>=' if ok else '<'} budget {threshold:g}")
+    return ok, (f"{what} {lr:.3f} (95% CI low {low:.3f}){by} {'>=' if ok else '<'} budget {threshold:g}")
 
 
 def utility_verdict(measures: dict[str, dict], fraction: float) -> tuple[bool, str]:

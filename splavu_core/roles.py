@@ -132,6 +132,8 @@ def task_datasets(store, overrides: dict[str, str] | None = None) -> dict[str, s
     out = {r: overrides.get(r) or found[r] or none_with(r) for r in ROLES}
     # the privacy attack on published action clips reads the AR dataset (its attr_* labels, evaluation only)
     out["clip_privacy"] = overrides.get("clip_privacy") or out["ar"]
+    # re-identification links the same person across those clips' videos (their subject_id)
+    out["reid"] = overrides.get("reid") or out["clip_privacy"]
     return out
 
 

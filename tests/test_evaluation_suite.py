@@ -187,13 +187,13 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
     assert {r["feature_set"] for r in raw} == {"raw"} and {r["aam_version"] for r in raw} == {None}
     assert {r["feature_set"] for r in anon} == {"splavu"} and {r["aam_version"] for r in anon} == {version}
     want = {("ar", "top1"), ("tad", "mAP"), ("tad", "mAP@0.5"), ("ad", "auc"), ("gait", "top1"),
-            ("privacy", "cmap"), ("privacy", "f1"), ("privacy", "chance_cmap"), ("privacy", "cmap_raw_branch"),
-            ("privacy", "cmap_standardised_branch"), ("clip_privacy", "cmap"), ("clip_privacy", "chance_cmap")}
+            ("privacy", "cmap"), ("privacy", "f1"), ("privacy", "chance_cmap"),
+            *(("privacy", f"cmap[{a}]") for a in ("mlp", "linear", "gbdt", "knn", "mlp_width")),
+            ("clip_privacy", "cmap"), ("clip_privacy", "chance_cmap")}
     assert want <= {(r["task"], r["metric"]) for r in raw} and want <= {(r["task"], r["metric"]) for r in anon}
     v = lambda rows, t, m: suite.metric_value(rows, t, m)  # noqa: E731
-    for rows in (raw, anon):  # the reported attacker is the stronger branch
-        assert v(rows, "privacy", "cmap") == max(v(rows, "privacy", "cmap_raw_branch"),
-                                                  v(rows, "privacy", "cmap_standardised_branch"))
+    for rows in (raw, anon):  # the reported attacker is the strongest of the fixed-capacity suite, never mlp_width
+        assert v(rows, "privacy", "cmap") == max(v(rows, "privacy", f"cmap[{a}]") for a in ("mlp", "linear", "gbdt", "knn"))
         assert v(rows, "tad", "mAP") == pytest.approx(np.mean([v(rows, "tad", f"mAP@{t:g}") for t in (.3, .4, .5, .6, .7)]))
         per_class = {r["metric"]: r["value"] for r in rows if r["task"] == "ar" and r["metric"].startswith("top1[")}
         assert len(per_class) >= 2 and all(0 <= x <= 1 for x in per_class.values())  # one row per test class
@@ -221,7 +221,10 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
     assert report["encoder_fingerprint"] == fs.encoder_fingerprint() and report["aam_version"] == version
     assert [r["name"] for r in report["rows"]] == ["raw", "splavu"]
     r, s = report["rows"]
-    iv_keys = {"intervals", "changes", "derived_intervals"}  # issue 19: every metric with its interval and chance
+    iv_keys = {"intervals", "changes", "derived_intervals", "attackers"}  # every metric with its interval and chance
+    # each attacker of the suite has its own row, and each one's removal on the anonymized row
+    assert set(r["attackers"]["privacy"]) == {"mlp", "linear", "gbdt", "knn", "mlp_width"}
+    assert all("removed" in st for st in s["attackers"]["privacy"].values())
     assert set(suite.REPORT_KEYS) <= set(r) <= set(suite.REPORT_KEYS) | iv_keys
     assert set(s) - iv_keys == set(suite.REPORT_KEYS) | set(suite.DERIVED_KEYS)
     for key in ("privacy_cmap", "ar_top1", "tad_map", "ad_auc", "gait_top1"):
@@ -394,7 +397,7 @@ def test_ablation_partitions_write_rows_and_report(tiny_store, tmp_path):
     assert a["train_config"]["adapter"]["keep"] == 14  # the default is the keep family's
     assert a["row"]["name"] == "default" and set(suite.REPORT_KEYS) | set(suite.DERIVED_KEYS) <= set(a["row"])
     # scored with intervals (5 probe seeds + bootstrap), every change paired with raw
-    assert {r["n_seeds"] for r in a["metric_rows"] if r["task"] != "gait"} == {5} and all(
+    assert {r["n_seeds"] for r in a["metric_rows"] if r["task"] not in ("gait", "reid")} == {5} and all(
         r["ci_low"] <= r["ci_high"] for r in a["metric_rows"] if r["value"] == r["value"])  # NaN: a ratio to raw at chance
     assert {"delta_top1", "retention_top1"} <= {r["metric"] for r in a["metric_rows"] if r["task"] == "ar"}
     assert a["row"]["intervals"]["ar_top1"]["ci_low"] <= a["row"]["ar_top1"] <= a["row"]["intervals"]["ar_top1"]["ci_high"]

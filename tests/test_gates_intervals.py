@@ -195,7 +195,7 @@ def test_publish_never_makes_current_a_version_with_ar_at_chance(gated_store):
     assert m["split"] == "val" and {r["split"] for r in m["rows"]} == {"val"}
     test_ids = {r["video_id"] for s in store.committed_shards() for r in store.read_shard_manifest(s).to_pylist()
                 if r["split"] == "test"}
-    assert set(m["scored_videos"]) == {"ar", "privacy", "clip_privacy"}
+    assert set(m["scored_videos"]) == {"ar", "privacy", "clip_privacy", "reid"}
     for task, ids in m["scored_videos"].items():
         assert ids and not set(ids) & test_ids, task     # the gate never scores a video the report scores
     assert {i for i in m["scored_videos"]["ar"]} == {f"ar_val_{i:03d}" for i in range(30)}  # AR's own val split

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from ..features import VideoFeatures
+from . import attackers as A
 from .metrics import TIOUS, chance_cmap, cmap, frame_labels, frame_scores, macro_f1, tad_map
 from .probes import Standardiser, _all_clips, eval_clip_indices
 
@@ -276,83 +277,48 @@ def _attr_labels(videos: Videos, attributes: Sequence[str]) -> np.ndarray:
     return y.astype(np.float32)
 
 
-def _batched_attack(x: np.ndarray, y: np.ndarray, xt: np.ndarray, starts: np.ndarray, n_clips: np.ndarray,
-                    y_test: np.ndarray, seeds: list[int], epochs: int, lr: float, batch_size: int) -> list[np.ndarray]:
-    """S independent D->D->A MLPs trained at once (stacked weights); per seed the test-video probabilities at
-    the epoch of its best test cMAP."""
-    S, D, A = len(seeds), x.shape[1], y.shape[1]
-    params = []
-    for s in seeds:  # nn.Linear's default init, per seed
-        torch.manual_seed(s)
-        l1, l2_ = torch.nn.Linear(D, D), torch.nn.Linear(D, A)
-        params.append(tuple(t.detach().clone() for t in (l1.weight.T, l1.bias, l2_.weight.T, l2_.bias)))
-    W1, b1, W2, b2 = (torch.stack([p[k] for p in params]).requires_grad_() for k in range(4))
-    opt = torch.optim.AdamW([W1, b1, W2, b2], lr=lr)
-    X, Y, XT = torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(xt)
-    gens = [torch.Generator().manual_seed(s) for s in seeds]
-    best = [(-1.0, None)] * S
-
-    def fwd(inp):  # inp (S, B, D) -> (S, B, A)
-        return torch.baddbmm(b2[:, None], torch.relu(torch.baddbmm(b1[:, None], inp, W1)), W2)
-
-    for _ in range(epochs):
-        orders = torch.stack([torch.randperm(len(X), generator=g) for g in gens])     # (S, N)
-        for a in range(0, len(X), batch_size):
-            idx = orders[:, a:a + batch_size]
-            loss = F.binary_cross_entropy_with_logits(fwd(X[idx]), Y[idx], reduction="none").mean(dim=(1, 2)).sum()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        with torch.no_grad():
-            clip_probs = torch.sigmoid(fwd(XT.expand(S, -1, -1))).numpy()             # (S, Nt_clips, A)
-        for k in range(S):
-            probs = np.add.reduceat(clip_probs[k], starts, axis=0) / n_clips
-            c = cmap(y_test, probs)
-            if c > best[k][0]:
-                best[k] = (c, probs)
-    return [b[1] for b in best]
+def attack_data(train: Videos, test: Videos, attributes: Sequence[str]) -> A.AttackData:
+    y_train, y_test = _attr_labels(train, attributes), _attr_labels(test, attributes)
+    return A.AttackData(x=np.asarray(_all_clips(train), np.float32),
+                        y=np.repeat(y_train, [len(v.feats) for v in train], axis=0),
+                        train_starts=np.cumsum([0] + [len(v.feats) for v in train[:-1]]), y_train=y_train,
+                        xt=np.asarray(_all_clips(test), np.float32),
+                        starts=np.cumsum([0] + [len(v.feats) for v in test[:-1]]),
+                        n_clips=np.array([len(v.feats) for v in test])[:, None], y_test=y_test)
 
 
 def privacy_attack(train: Videos, test: Videos, attributes: Sequence[str], seeds: Sequence[int] = seeds_from(),
-                   epochs: int = 100, lr: float = 1e-3, batch_size: int = 1024, **_) -> Scored:
-    y_train, y_test = _attr_labels(train, attributes), _attr_labels(test, attributes)
-    y = np.repeat(y_train, [len(v.feats) for v in train], axis=0)
-    starts = np.cumsum([0] + [len(v.feats) for v in test[:-1]])
-    n_clips = np.array([len(v.feats) for v in test])[:, None]
-    std = Standardiser(_all_clips(train))
-    branches = {}
-    for name, tf in (("raw", lambda a: np.asarray(a, np.float32)), ("standardised", std)):
-        branches[name] = _batched_attack(tf(_all_clips(train)), y, tf(_all_clips(test)), starts, n_clips, y_test,
-                                         list(seeds), epochs, lr, batch_size)
-    mean_c = {k: float(np.mean([cmap(y_test, p) for p in v])) for k, v in branches.items()}
-    branch = max(mean_c, key=mean_c.get)
-    probs = branches[branch]
+                   epochs: int = 100, lr: float = 1e-3, batch_size: int = 1024,
+                   attackers: Sequence[str] = tuple(a.name for a in A.ALL), **_) -> Scored:
+    """Every attacker of the suite (evaluation/attackers.py) trained fresh on `train`, scored on `test`.
+    Metrics: cmap / f1 of the STRONGEST suite member on these features (highest mean cMAP), cmap[<attacker>]
+    of each, chance_cmap. details: strongest, each attacker's mean cMAP and capacity."""
+    d = attack_data(train, test, attributes)
+    probs_by = A.run_attackers(d, list(seeds), attackers, epochs=epochs, lr=lr, batch_size=batch_size)
+    y_test = d.y_test
+    mean_c = {k: float(np.mean([cmap(y_test, p) for p in v])) for k, v in probs_by.items()}
+    best = A.strongest(mean_c)
+    probs = probs_by[best]
     n = len(test)
 
-    def cm(s, idx):
-        i = _sel(n, idx)
-        return cmap(y_test[i], probs[s][i])
-
-    def f1(s, idx):
-        i = _sel(n, idx)
-        return _macro_f1(y_test[i], probs[s][i])
-
-    def branch_cmap(name):
+    def of(name, fn):
         def f(s, idx):
             i = _sel(n, idx)
-            return cmap(y_test[i], branches[name][s][i])
+            return fn(y_test[i], probs_by[name][s][i])
         return f
 
     def chance_of(s, idx):
         return chance_cmap(y_test[_sel(n, idx)])
 
-    metrics = {"cmap": cm, "f1": f1, "chance_cmap": chance_of,
-               **{f"cmap_{name}_branch": branch_cmap(name) for name in branches}}
+    metrics = {"cmap": of(best, cmap), "f1": of(best, _macro_f1), "chance_cmap": chance_of,
+               **{f"cmap[{name}]": of(name, cmap) for name in probs_by}}
     chance = {"cmap": chance_cmap(y_test), "f1": None, "chance_cmap": None,
-              **{f"cmap_{name}_branch": chance_cmap(y_test) for name in branches}}
+              **{f"cmap[{name}]": chance_cmap(y_test) for name in probs_by}}
+    same = all(all(p is v[0] for p in v[1:]) for v in probs_by.values())  # every attacker deterministic
     return Scored("privacy", metrics, chance, len(seeds), n, [v.video_id for v in test],
-                  higher_is_better={"cmap": True}, seed_only=("chance_cmap", *(f"cmap_{b}_branch" for b in branches)),
-                  details={"branch": branch, "branch_cmap": mean_c, "attributes": list(attributes),
+                  higher_is_better={"cmap": True}, seed_only=("chance_cmap",), same_outputs=same,
+                  details={"strongest": best, "attacker_cmap": mean_c, "attributes": list(attributes),
+                           "capacity": {k: A.capacity(k, train[0].dim) for k in probs_by},
                            "chance_fn": lambda idx: chance_cmap(y_test[_sel(n, idx)])})
 
 
@@ -364,6 +330,83 @@ def _macro_f1(y: np.ndarray, probs: np.ndarray, threshold: float = 0.5) -> float
     tp = (pred & y).sum(0)
     denom = pred.sum(0) + y.sum(0)
     return float(np.mean(np.where(denom > 0, 2 * tp / np.maximum(denom, 1), 0.0)))
+
+
+# ---------------------------------------------------------------- re-identification
+
+REID_ATTACKERS = ("cosine", "lda")   # training-free; a metric learned on the training subjects
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def _video_means(videos: Videos) -> np.ndarray:
+    return np.stack([v.feats.astype(np.float64).mean(0) for v in videos])
+
+
+def reid_embeddings(train: Videos, test: Videos) -> dict[str, np.ndarray]:
+    """attacker -> (N_test, d) unit embeddings of the test videos. cosine: standardised video means (statistics
+    from the training videos, label-free); lda: shrinkage LDA fitted on the TRAINING subjects' video means
+    (the subjects scored are disjoint), as many components as it has (<= subjects - 1, <= D)."""
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+
+    tr, te = _video_means(train), _video_means(test)
+    a, b = A.standardise(tr, te)
+    out = {"cosine": _unit(b.astype(np.float64))}
+    subjects = np.array([str(v.meta.get("subject_id")) for v in train])
+    names, counts = np.unique(subjects, return_counts=True)
+    fit = np.isin(subjects, names[counts >= 2])           # a subject seen once says nothing of within-person spread
+    if len(set(subjects[fit])) >= 3:
+        lda = LinearDiscriminantAnalysis(solver="eigen", shrinkage="auto").fit(a[fit], subjects[fit])
+        out["lda"] = _unit(lda.transform(b).astype(np.float64))
+    return out
+
+
+def reidentification(train: Videos, test: Videos, chance_perms: int = 50, **_) -> Scored:
+    """Link a test person's videos across ACTIONS: each test video queries the other test videos whose action
+    differs from its own (the action held out of the gallery, so only the person can link them); rank-1 and
+    mAP of the same subject, per attacker, and the strongest (highest rank-1). Queries with no same-subject video
+    in their gallery are not scored. Deterministic (one 'seed'); the bootstrap is over query videos. Chance: a
+    random ranking of the same galleries (rank-1: the share of same-subject videos; mAP: averaged over
+    `chance_perms` random orders)."""
+    subj = np.array([str(v.meta.get("subject_id")) for v in test], dtype=object)
+    act = np.array([str(v.meta.get("action")) for v in test], dtype=object)
+    n = len(test)
+    gallery = (act[:, None] != act[None, :]) & ~np.eye(n, dtype=bool)          # (Nq, Ng)
+    same = subj[:, None] == subj[None, :]
+    pos = gallery & same
+    q = np.flatnonzero(pos.any(1))                                             # scorable queries
+    assert len(q) >= 2, "reidentification: needs >= 2 test videos whose subject appears in another action"
+    emb = reid_embeddings(train, test)
+    rng = np.random.default_rng(0)
+
+    def score(sim: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        r1, ap = np.zeros(len(q)), np.zeros(len(q))
+        for k, i in enumerate(q):
+            g = np.flatnonzero(gallery[i])
+            order = g[np.argsort(-sim[i, g], kind="stable")]
+            hits = pos[i, order].astype(float)
+            r1[k] = hits[0]
+            prec = np.cumsum(hits) / np.arange(1, len(hits) + 1)
+            ap[k] = (prec * hits).sum() / hits.sum()
+        return r1, ap
+
+    per = {name: score(e @ e.T) for name, e in emb.items()}
+    chance_r1 = float(np.mean([pos[i].sum() / gallery[i].sum() for i in q]))
+    chance_map = float(np.mean([score(rng.random((n, n)))[1].mean() for _ in range(chance_perms)]))
+    mean_r1 = {k: float(v[0].mean()) for k, v in per.items()}
+    best = max(REID_ATTACKERS, key=lambda k: mean_r1.get(k, -1.0))
+
+    def of(name, j):
+        return lambda s, idx: float(per[name][j][_sel(len(q), idx)].mean())
+
+    metrics = {"rank1": of(best, 0), "map": of(best, 1),
+               **{f"rank1[{k}]": of(k, 0) for k in per}, **{f"map[{k}]": of(k, 1) for k in per}}
+    chance = {m: (chance_r1 if m.startswith("rank1") else chance_map) for m in metrics}
+    return Scored("reid", metrics, chance, 1, len(q), [test[i].video_id for i in q], same_outputs=True,
+                  details={"strongest": best, "attacker_rank1": mean_r1, "gallery": "other actions",
+                           "n_subjects": len(set(subj[q]))})
 
 
 # ---------------------------------------------------------------- gait

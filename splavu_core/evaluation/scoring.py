@@ -29,6 +29,7 @@ from . import protocols as P
 from . import stats
 
 UTILITY = {"ar": "top1", "tad": "mAP", "ad": "auc"}       # the seen/utility tasks and their headline metric
+PRIVACY = {"privacy": "cmap", "clip_privacy": "cmap", "reid": "rank1"}   # privacy tasks, headline metric (lower: private)
 VAL_FRACTION = 0.2
 
 
@@ -115,6 +116,16 @@ def run_task(task: str, videos: Sequence[VideoFeatures], split: str, seeds: Sequ
             if {v.meta.get("anomaly") for v in part} != {0, 1}:
                 return None, f"needs {name} videos with both anomaly labels 0 and 1"
         return P.anomaly_detection(train, test, seeds, **kw), None
+    if task == "reid":
+        for part, name in ((train, "train"), (test, split)):
+            if any(v.meta.get("subject_id") is None for v in part):
+                return None, f"needs 'subject_id' on every {name} video (who is who) to measure re-identification"
+        subj, act = {}, {}
+        for v in test:
+            subj.setdefault(v.meta["subject_id"], set()).add(v.meta.get("action"))
+        if sum(len(a) >= 2 for a in subj.values()) < 2:
+            return None, f"needs >= 2 {split} subjects seen in >= 2 different actions"
+        return P.reidentification(train, test), None
     if task in ("privacy", "clip_privacy"):
         attrs = _usable_attributes(train, test, attributes or privacy_attributes(videos))
         if not attrs:
@@ -151,10 +162,14 @@ def scored_rows(sc: P.Scored, feature_set: str, aam_version: str | None, split: 
         d = stats.paired(ref.metrics[m], fn, n_seeds, sc.n_test, sc.n_boot, same=same)
         rows.append(_row(feature_set, aam_version, sc.task, f"delta_{m}", d, None, split, created_at))
     chance_of = ref.chance
-    if sc.task in ("privacy", "clip_privacy"):
-        r = _ratio(ref.metrics["cmap"], sc.metrics["cmap"], n_seeds, sc.n_test, chance_of["cmap"], same, sc.n_boot)
-        lr = {**r, "value": 1 - r["value"], "ci_low": 1 - r["ci_high"], "ci_high": 1 - r["ci_low"]}
-        rows.append(_row(feature_set, aam_version, sc.task, "leakage_removed", lr, None, split, created_at))
+    if sc.task in ("privacy", "clip_privacy", "reid"):
+        # the share of above-chance leakage removed: the strongest attacker's, and each attacker's for the record
+        base = "rank1" if sc.task == "reid" else "cmap"
+        out = "linkage_removed" if sc.task == "reid" else "leakage_removed"
+        for m in [base] + [m for m in sc.metrics if m.startswith(f"{base}[") and m in ref.metrics]:
+            r = _ratio(ref.metrics[m], sc.metrics[m], n_seeds, sc.n_test, chance_of[m], same, sc.n_boot)
+            lr = {**r, "value": 1 - r["value"], "ci_low": 1 - r["ci_high"], "ci_high": 1 - r["ci_low"]}
+            rows.append(_row(feature_set, aam_version, sc.task, out + m[len(base):], lr, None, split, created_at))
     elif sc.task in UTILITY:
         m = UTILITY[sc.task]
         r = _ratio(ref.metrics[m], sc.metrics[m], n_seeds, sc.n_test, chance_of[m], same, sc.n_boot)

@@ -44,7 +44,8 @@ from ..store import FeatureStore, StoreError
 # task -> dataset that supplies it (the synthetic benchmark's names; override with datasets=).
 # clip_privacy: the same attack on the action clips the product publishes (train actors -> test actors)
 DEFAULT_DATASETS: dict[str, str] = {"ar": "ar", "tad": "tad", "ad": "ad", "privacy": "privacy",
-                                    "clip_privacy": "ar", "bias_f": "bias_f", "bias_m": "bias_m", "gait": "gait"}
+                                    "clip_privacy": "ar", "reid": "ar", "bias_f": "bias_f", "bias_m": "bias_m",
+                                    "gait": "gait"}
 TASKS = tuple(DEFAULT_DATASETS)
 # report key -> (task, metric)
 REPORT_METRICS: dict[str, tuple[str, str]] = {
@@ -52,9 +53,9 @@ REPORT_METRICS: dict[str, tuple[str, str]] = {
     "privacy_chance_cmap": ("privacy", "chance_cmap"), "clip_privacy_cmap": ("clip_privacy", "cmap"),
     "clip_privacy_chance_cmap": ("clip_privacy", "chance_cmap"), "ar_top1": ("ar", "top1"), "tad_map": ("tad", "mAP"),
     "ad_auc": ("ad", "auc"), "bias_f_gap": ("bias_f", "gap"), "bias_m_gap": ("bias_m", "gap"),
-    "gait_top1": ("gait", "top1")}
+    "gait_top1": ("gait", "top1"), "reid_rank1": ("reid", "rank1"), "reid_map": ("reid", "map")}
 REPORT_KEYS = ("name",) + tuple(REPORT_METRICS)
-DERIVED_KEYS = ("leakage_removed", "clip_leakage_removed", "relative_change")   # non-raw rows only
+DERIVED_KEYS = ("leakage_removed", "clip_leakage_removed", "linkage_removed", "relative_change")  # non-raw rows
 RELATIVE_KEYS = tuple(k for k in REPORT_METRICS if not k.endswith("chance_cmap"))
 PRIVACY_TASKS = {"privacy": "leakage_removed", "clip_privacy": "clip_leakage_removed"}  # task -> derived key
 UTILITY_KEYS = ("ar_top1", "tad_map", "ad_auc")
@@ -334,10 +335,14 @@ def report_row(name: str, rows: Sequence[dict]) -> dict:
             ch[k] = {**d, "real": d["ci_low"] > 0 or d["ci_high"] < 0}
     for key, (t, m) in {"ar_retention": ("ar", "retention_top1"), "tad_retention": ("tad", "retention_mAP"),
                         "ad_retention": ("ad", "retention_auc"), "leakage_removed": ("privacy", "leakage_removed"),
-                        "clip_leakage_removed": ("clip_privacy", "leakage_removed")}.items():
+                        "clip_leakage_removed": ("clip_privacy", "leakage_removed"),
+                        "linkage_removed": ("reid", "linkage_removed")}.items():
         r = _stat_row(rows, t, m)
         if r is not None:
             extra[key] = r
+    att = attacker_stats(rows)
+    if att:
+        out["attackers"] = att
     if iv:
         out["intervals"] = iv
     if ch:
@@ -348,6 +353,22 @@ def report_row(name: str, rows: Sequence[dict]) -> dict:
 
 
 STAT_KEYS = ("value", "sd", "ci_low", "ci_high", "chance", "n_seeds")
+ATTACKED = {"privacy": ("cmap", "leakage_removed"), "clip_privacy": ("cmap", "leakage_removed"),
+            "reid": ("rank1", "linkage_removed")}
+
+
+def attacker_stats(rows: Sequence[dict]) -> dict:
+    """task -> attacker -> {"score": its cMAP / rank-1 stat, "removed": its leakage (linkage) removed stat} from
+    the per-attacker rows (metric 'cmap[mlp]', 'leakage_removed[mlp]', ...)."""
+    out: dict = {}
+    for task, (score, removed) in ATTACKED.items():
+        for r in rows:
+            m = r["metric"]
+            for key, prefix in (("score", score), ("removed", removed)):
+                if r["task"] == task and m.startswith(prefix + "[") and r.get("ci_low") is not None:
+                    name = m[len(prefix) + 1:-1]
+                    out.setdefault(task, {}).setdefault(name, {})[key] = {k: r.get(k) for k in STAT_KEYS}
+    return out
 
 
 def _stat_row(rows: Sequence[dict], task: str, metric: str) -> dict | None:
@@ -369,6 +390,7 @@ def add_derived(raw_row: dict, row: dict) -> dict:
                for task, key in PRIVACY_TASKS.items()}
     di = row.get("derived_intervals") or {}
     removed = {k: (di[k]["value"] if k in di else v) for k, v in removed.items()}
+    removed["linkage_removed"] = di["linkage_removed"]["value"] if "linkage_removed" in di else None
     return {**row, **removed,
             "relative_change": {k: relative_change_or_none(raw_row.get(k), row.get(k)) for k in RELATIVE_KEYS}}
 
