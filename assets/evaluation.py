@@ -95,7 +95,9 @@ def evaluate_tasks(context, store: StoreResource, config: EvalConfig, tasks: tup
     sets = {RAW: load_feature_sets(fs, tasks, "raw", datasets=datasets),
             SPLAVU: load_feature_sets(fs, tasks, "anonymized", version=version, datasets=datasets)}
     width = _width(sets[SPLAVU])
-    if width and width < (_width(sets[RAW]) or 0):  # a projection to the published width, label-free: what narrowness alone removes
+    # a projection to the published width, label-free: what narrowness alone removes (privacy and AR; TAD's
+    # bootstrap would double the evaluation's cost for a row nobody gates on)
+    if width and width < (_width(sets[RAW]) or 0) and set(tasks) & set(trivial.SCORED_TASKS):
         fit_on = load_feature_sets(fs, trivial.TRAINING_TASKS, "raw", datasets=datasets)
         sets.update(trivial.baseline_sets(sets[RAW], trivial.training_clips(fit_on, datasets), width))
     for name, bfs in existing_baselines(fs).items():  # pixel baselines: same probes on their own stores
@@ -227,7 +229,8 @@ def privacy_utility_report(context: dg.AssetExecutionContext, config: ReportConf
           "markdown_path": dg.MetadataValue.path(str(paths["md"])), "png_path": dg.MetadataValue.path(str(paths["png"])),
           "report": dg.MetadataValue.json(report),
           "table": dg.MetadataValue.md(report_markdown(report)), "tradeoff": dg.MetadataValue.md(png_markdown(png))}
-    for k in ("privacy_cmap", "leakage_removed", *UTILITY_KEYS):
+    for k in ("privacy_cmap", "leakage_removed", "clip_leakage_removed", "reid_rank1", "linkage_removed",
+              *UTILITY_KEYS):
         if splavu.get(k) is not None:
             md[f"splavu/{k}"] = dg.MetadataValue.float(float(splavu[k]))  # charted across versions (Plots tab)
     return dg.MaterializeResult(metadata=md)

@@ -54,6 +54,7 @@ def main():
     ap.add_argument("--floor", type=float, default=utility_fraction(), help="default: the utility gate's")
     ap.add_argument("--w-motion", type=float, help="keep_w_motion (default: TrainConfig's)")
     ap.add_argument("--w-dynamic", type=float, help="keep_w_dynamic (default: TrainConfig's)")
+    ap.add_argument("--w-app", type=float, help="keep_w_app: static clips' between-video scatter avoided (label-free)")
     ap.add_argument("--ridge", type=float, nargs="+", help="keep_ridge values (default: TrainConfig's)")
     ap.add_argument("--mark", nargs="*", default=[], help="published AAM versions to score beside the family")
     ap.add_argument("--variant", nargs="*", default=[],
@@ -61,7 +62,8 @@ def main():
     ap.add_argument("--seen", nargs="*", default=[], help="task ablation: one member per task set (ar, ar,tad, ...)")
     args = ap.parse_args()
     fs = FeatureStore(args.store)
-    cfg = TrainConfig(**{f"keep_{n}": v for n, v in (("w_motion", args.w_motion), ("w_dynamic", args.w_dynamic))
+    cfg = TrainConfig(**{f"keep_{n}": v for n, v in (("w_motion", args.w_motion), ("w_dynamic", args.w_dynamic),
+                                                             ("w_app", args.w_app))
                          if v is not None})
     inp = load_inputs(fs, cfg)
     t0 = time.perf_counter()
@@ -80,6 +82,7 @@ def main():
         print(json.dumps(m), flush=True)
     out = {"split": args.split, "seeds": args.seeds, "budget": args.budget, "floor": args.floor, "members": members,
            "marks": marks, "raw": raw_rows, "keep_w_motion": cfg.keep_w_motion, "keep_w_dynamic": cfg.keep_w_dynamic,
+           "keep_w_app": cfg.keep_w_app,
            "seconds": round(time.perf_counter() - t0, 1)}
     (fs.root / "reports").mkdir(exist_ok=True)
     if args.seen:

@@ -25,11 +25,14 @@ from ..aam.train import TrainConfig, fit_utility_keep, load_training_data
 from ..ledger import privacy_threshold, utility_fraction
 from ..roles import task_datasets, training_plan
 from ..store import FeatureStore
+from .attackers import SUITE_NAMES
 from .scoring import score_sets
 from .suite import load_feature_sets
 
-TASKS = ("privacy", "clip_privacy", "ar", "tad", "ad", "bias_f")
-HEADLINE = {"privacy": "leakage_removed", "clip_privacy": "leakage_removed", "ar": "retention_top1",
+TASKS = ("privacy", "clip_privacy", "reid", "ar", "tad", "ad", "bias_f")
+PRIVATE = ("privacy", "clip_privacy", "reid")   # the privacy gate's parts: close-ups, clips, linking
+HEADLINE = {"privacy": "leakage_removed", "clip_privacy": "leakage_removed", "reid": "linkage_removed",
+            "ar": "retention_top1",
             "tad": "retention_mAP", "ad": "retention_auc", "bias_f": "delta_gap"}
 GENERALISATION_TASKS = ("ar", "tad")  # AD is left out: on validation its retention is a ratio of noise (README)
 DEFAULT_KS = (8, 11, 14, 17, 20, 24)
@@ -49,7 +52,7 @@ def operating_point(members: list[dict], budget: float, floor: float) -> dict | 
     meets the privacy budget, and no seen task's retention has its upper end below the utility floor (a task whose
     raw features are at chance, retention NaN, has nothing to lose: as the utility gate)."""
     def passes(m):
-        private = all(t in m and m[t][1] >= budget for t in ("privacy", "clip_privacy"))
+        private = all(m[t][1] >= budget for t in PRIVATE if t in m) and "privacy" in m
         return private and not any(m[t][2] < floor for t in m["seen"] if t in m)
     ok = [m for m in members if passes(m)]
     return max(ok, key=lambda m: m["k"]) if ok else None
@@ -67,7 +70,7 @@ def choose_ridge(members: list[dict], budget: float) -> dict | None:
             if unseen:
                 r["worst_unseen"] = min(unseen + ([r["worst_unseen"]] if r["worst_unseen"] is not None else []))
         elif set(m["seen"]) >= set(GENERALISATION_TASKS):
-            r["private"] = all(t in m and m[t][1] >= budget for t in ("privacy", "clip_privacy"))
+            r["private"] = all(m[t][1] >= budget for t in PRIVATE if t in m) and "privacy" in m
     scored = [r for r in by_ridge.values() if r["worst_unseen"] is not None]
     if not scored:
         return None
@@ -125,7 +128,8 @@ def score_family(fs: FeatureStore, inp: FamilyInputs, sets: dict, members: list[
         name = f"AAM {version}"
         sets[name] = load_feature_sets(fs, inp.which, "anonymized", version, datasets=inp.datasets)
         marks.append({"name": name, "seen": ["ar", "tad", "ad"]})
-    rows = score_sets({"raw": inp.raw, **sets}, inp.which, inp.datasets, split=split, seeds=list(seeds), log=log)
+    rows = score_sets({"raw": inp.raw, **sets}, inp.which, inp.datasets, split=split, seeds=list(seeds), log=log,
+                      probe_kwargs={"privacy": {"attackers": SUITE_NAMES}})  # the gate's judges, as the gate
     for m in members + marks:
         m.update(summarise(rows, m["name"]))
     return [{k: r[k] for k in ("task", "metric", "value", "ci_low", "ci_high", "chance")} for r in rows

@@ -166,8 +166,11 @@ def scored_rows(sc: P.Scored, feature_set: str, aam_version: str | None, split: 
         # the share of above-chance leakage removed: the strongest attacker's, and each attacker's for the record
         base = "rank1" if sc.task == "reid" else "cmap"
         out = "linkage_removed" if sc.task == "reid" else "leakage_removed"
+        # the headline: the attacker strongest on THIS table, paired with the same attacker on the reference
+        judge = f"{base}[{sc.details.get('strongest')}]"
         for m in [base] + [m for m in sc.metrics if m.startswith(f"{base}[") and m in ref.metrics]:
-            r = _ratio(ref.metrics[m], sc.metrics[m], n_seeds, sc.n_test, chance_of[m], same, sc.n_boot)
+            ref_fn = ref.metrics[judge] if m == base and judge in ref.metrics else ref.metrics[m]
+            r = _ratio(ref_fn, sc.metrics[m], n_seeds, sc.n_test, chance_of[m], same, sc.n_boot)
             lr = {**r, "value": 1 - r["value"], "ci_low": 1 - r["ci_high"], "ci_high": 1 - r["ci_low"]}
             rows.append(_row(feature_set, aam_version, sc.task, out + m[len(base):], lr, None, split, created_at))
     elif sc.task in UTILITY:

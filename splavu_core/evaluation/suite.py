@@ -378,6 +378,8 @@ def _stat_row(rows: Sequence[dict], task: str, metric: str) -> dict | None:
 
 def _signal(stat: dict, key: str) -> bool | None:
     """Is the metric beyond chance by more than its interval? None where no chance is defined (e.g. a gap)."""
+    if key.endswith("_gap"):  # a bias gap is >= 0 by construction: it shows bias only when its interval leaves 0
+        return stat["ci_low"] > 0
     if stat.get("chance") is None:
         return None
     return stat["ci_low"] > stat["chance"]
