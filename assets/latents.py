@@ -20,7 +20,7 @@ from splavu_core.registry import dataset_of, registration, shard_rows, static_cl
 def extracted_latents(context: dg.AssetExecutionContext, store: StoreResource, encoder: EncoderResource):
     shard = context.partition_key
     fs = store.store()
-    manifest, rows = shard_rows(fs, shard)
+    manifest, rows = shard_rows(fs, shard, log=context.log.warning)
     enc = encoder.load()
     sampling = encoder.sampling()
     prov = enc.provenance(sampling)

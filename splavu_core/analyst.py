@@ -9,6 +9,7 @@ filesystem). Plain `duckdb` on the catalog file has none of these limits: that i
 """
 from __future__ import annotations
 
+import os
 import re
 
 import duckdb
@@ -37,9 +38,21 @@ def _view_sources(con, store: FeatureStore) -> list[str]:
     return mine + [store.fs.duck_url(k) for key in keys if "*" in key for k in store.fs.match(key)]
 
 
+def _not_through_symlink(path: str) -> bool:
+    """Is `path` (or, for a glob, the folder before its first `*`) reached without any symbolic link?"""
+    head = path.split("*", 1)[0] if "*" in path else path
+    head = head.rstrip("/") or "/"
+    return os.path.realpath(head) == os.path.abspath(head)
+
+
 def _lock_down(con, store: FeatureStore) -> None:
-    """No file access but the views' own Parquet files, and no way to turn that back on."""
+    """No file access but the views' own Parquet files, and no way to turn that back on. DuckDB adds its temp
+    directory (default `<cwd>/.tmp`) to the allowed directories and follows symbolic links inside it, so there is
+    none (queries do not spill to disk); and a view file reached through a symbolic link is not allowed either."""
     allowed = _view_sources(con, store)
+    if store.local:
+        allowed = [p for p in allowed if _not_through_symlink(p)]
+    con.sql("SET temp_directory = ''")
     con.execute("SET allowed_paths = ?", [allowed])
     con.sql("SET enable_external_access = false")
     con.sql("SET lock_configuration = true")
