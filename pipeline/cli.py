@@ -444,10 +444,12 @@ def cmd_forget(args) -> int:
     if not targets:
         return 0
     files = sorted({f for t in targets.values() for f in t["files"]})
-    manifests = sorted({registration(store, s.rpartition("-")[0])["manifest"] for t in targets.values()
-                        for s in t["shards"]})
+    regs = registered(store)
+    manifests = sorted({regs[d]["manifest"] for t in targets.values() for s in t["shards"]
+                        if (d := s.rpartition("-")[0]) in regs})
     print(f"erasing {len(targets)} video(s) from {store.root}. Your own files are not touched; delete them yourself "
-          f"(and their rows in {', '.join(manifests)}, or keep the rows: the tombstones skip them):")
+          f"(and their rows in {', '.join(manifests) or 'your manifests'}, or keep the rows: the tombstones skip "
+          f"them):")
     for f in files:
         print(f"  {f}")
     scope = ", ".join(x for x in ("video" if args.video else "", "subject" if subjects else "",

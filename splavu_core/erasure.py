@@ -1,7 +1,7 @@
 """What the store keeps about erasures (`splavu forget`, forget.py): tombstones and the append-only receipt log.
 
     <root>/erasure/salt.json               a random per-store salt (created once, first writer wins)
-    <root>/erasure/tombstones.parquet      id_hash, request_id, at: videos that must never come back silently
+    <root>/erasure/tombstones.parquet      id_hash, request_id, erased_at: videos that must never come back silently
     <root>/erasure/log/<request>*.parquet  the receipts, one file per request step, never rewritten (the catalog's
                                            `erasures` view): counts, layers, shard content hashes, no ids
     <root>/erasure/journal/<request>.json  a request in progress (forget.py); it names the videos until it completes
@@ -32,8 +32,8 @@ LOG_DIR = "erasure/log"
 JOURNAL_DIR = "erasure/journal"
 
 TOMBSTONE_SCHEMA = pa.schema([("id_hash", pa.string()), ("request_id", pa.string()),
-                              ("at", pa.timestamp("us", tz="UTC"))])
-LOG_SCHEMA = pa.schema([("request_id", pa.string()), ("step", pa.string()), ("at", pa.timestamp("us", tz="UTC")),
+                              ("erased_at", pa.timestamp("us", tz="UTC"))])
+LOG_SCHEMA = pa.schema([("request_id", pa.string()), ("step", pa.string()), ("logged_at", pa.timestamp("us", tz="UTC")),
                         ("reason", pa.string()), ("layer", pa.string()), ("item", pa.string()),
                         ("rows_removed", pa.int64()), ("files_removed", pa.int64()), ("bytes_written", pa.int64()),
                         ("hash_before", pa.string()), ("hash_after", pa.string()), ("note", pa.string())])
@@ -85,7 +85,7 @@ def add_tombstones(store: FeatureStore, video_ids, request_id: str) -> int:
         have = read_tombstones(store)
         new = sorted(hashes - set(have["id_hash"].to_pylist()))
         if new:
-            rows = pa.table({"id_hash": new, "request_id": [request_id] * len(new), "at": [now()] * len(new)},
+            rows = pa.table({"id_hash": new, "request_id": [request_id] * len(new), "erased_at": [now()] * len(new)},
                             schema=TOMBSTONE_SCHEMA)
             store.fs.write_parquet(TOMBSTONES_KEY, pa.concat_tables([have.cast(TOMBSTONE_SCHEMA), rows]))
     return len(new)
@@ -110,7 +110,7 @@ def readmit(store: FeatureStore, video_ids, reason: str) -> int:
 def append_log(store: FeatureStore, request_id: str, step: str, reason: str, rows: list[dict]) -> str:
     """Write one new receipt file (never an existing one: the log is append-only); returns its key."""
     at = now()
-    table = pa.Table.from_pylist([{"request_id": request_id, "step": step, "at": at, "reason": reason, **r}
+    table = pa.Table.from_pylist([{"request_id": request_id, "step": step, "logged_at": at, "reason": reason, **r}
                                   for r in rows], schema=LOG_SCHEMA)
     key = join(LOG_DIR, f"{at.strftime('%Y%m%dT%H%M%S%f')}-{request_id}-{step}.parquet")
     if not store.fs.put_if_absent(key, parquet_bytes(table)):

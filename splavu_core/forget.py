@@ -38,9 +38,10 @@ import pyarrow.compute as pc
 
 from . import erasure
 from .catalog import build_catalog, catalog_dir
-from .ledger import (current_version, log_erasure_override, read_versions, retire_versions, retired_versions)
-from .neighbors import index_dir, refresh_indexes, _fresh
-from .publish import _features, anonymized_key
+from .ledger import (current_version, log_erasure_override, read_versions, refused_versions, retire_versions,
+                     retired_versions)
+from .neighbors import _fresh, index_dir, write_index
+from .publish import _features, anonymized_key, published_shards
 from .registrations import registered
 from .roles import ROLES, roles_of
 from .store import FeatureStore, ShardLatents, StoreError, labels_key
@@ -198,9 +199,8 @@ def run_request(store: FeatureStore, request_id: str, log=print) -> dict:
         _checkpoint(store, journal, "versions")
     for shard in shards:
         if shard not in done["shards"]:
-            rows = erase_shard(store, shard, ids, lambda: _checkpoint(store, journal, f"shard {shard}"))
-            receipt += rows
-            done["shards"][shard] = len(rows)
+            erase_shard(store, shard, ids, receipt, lambda: _checkpoint(store, journal, f"shard {shard}"))
+            done["shards"][shard] = True
             _checkpoint(store, journal, f"shard {shard} done")
     if not done.get("caches"):
         receipt += erase_caches(store, ids, needles)
@@ -281,29 +281,36 @@ def _manifest_hash_after(store: FeatureStore, shard: str, marker: dict) -> str:
         return marker["manifest_hash"]
 
 
-def erase_shard(store: FeatureStore, shard: str, ids: set, checkpoint=lambda: None) -> list[dict]:
-    """Remove `ids` from one shard's latents, anonymized tables, manifest and labels; receipt rows."""
-    rows = []
+def erase_shard(store: FeatureStore, shard: str, ids: set, rows: list, checkpoint=lambda: None) -> None:
+    """Remove `ids` from one shard's latents, anonymized tables, manifest and labels; appends receipt rows to `rows`.
+    The latents' row goes in before the commit (with the hash before) and is completed after it, so a run killed in
+    between is completed on the rerun with the hash the commit left."""
     with store.rewriting(shard) as commit:
         marker = store.committed(shard)
+        open_row = next((r for r in rows if r["layer"] == "raw_latents" and r["item"] == shard
+                         and r.get("hash_after") is None), None)
         if marker:
             data = store.read_shard(shard)
             keep = _keep_mask(data.index["video_id"], ids)
-            k = data.static.shape[1] if data.static.ndim == 3 else 0
+            k = data.static.shape[1] if data.static.ndim == 3 and len(data.static) else 0
             static_vids = data.static_index["video_id"].to_pylist()[::k] if k else []
             keep_static = ~np.isin(np.asarray(static_vids, dtype=object), list(ids)) if static_vids else np.ones(0, bool)
             keep_q = _keep_mask(data.quarantine["video_id"], ids)
             removed = int((~keep).sum() + (~keep_static).sum() * k + (~keep_q).sum())
             if removed:
-                before = _content_hash(store, shard, marker)
+                if open_row is None:
+                    open_row = {"layer": "raw_latents", "item": shard, "hash_before": _content_hash(store, shard, marker)}
+                    rows.append(open_row)
+                open_row["rows_removed"] = removed
+                checkpoint()
                 new = ShardLatents(clips=np.ascontiguousarray(data.clips[keep]), index=data.index.filter(pa.array(keep)),
                                    static=np.ascontiguousarray(data.static[keep_static]),
                                    static_index=data.static_index.filter(pa.array(np.repeat(keep_static, k))),
                                    quarantine=data.quarantine.filter(pa.array(keep_q)))
-                m = commit(new, store.shard_provenance(shard, marker), _manifest_hash_after(store, shard, marker))
-                rows.append({"layer": "raw_latents", "item": shard, "rows_removed": removed,
-                             "bytes_written": _data_bytes(store, shard, m), "hash_before": before,
-                             "hash_after": _content_hash(store, shard, m)})
+                marker = commit(new, store.shard_provenance(shard, marker), _manifest_hash_after(store, shard, marker))
+            if open_row is not None:  # committed now or by the killed run
+                open_row.update(bytes_written=_data_bytes(store, shard, marker),
+                                hash_after=_content_hash(store, shard, marker))
                 checkpoint()
         for v in store.fs.listdir("anonymized"):
             key = anonymized_key(v, shard)
@@ -312,7 +319,6 @@ def erase_shard(store: FeatureStore, shard: str, ids: set, checkpoint=lambda: No
         for layer, key in (("manifests", join("manifests", f"{shard}.parquet")), ("labels", labels_key(shard))):
             if store.fs.isfile(key):
                 rows += _filter_table(store, key, ids, layer, shard)
-    return rows
 
 
 def _filter_table(store: FeatureStore, key: str, ids: set, layer: str, item: str) -> list[dict]:
@@ -366,15 +372,20 @@ def erase_caches(store: FeatureStore, ids: set, needles) -> list[dict]:
 
 
 def _erase_indexes(store: FeatureStore) -> list[dict]:
-    """Neighbour indexes follow the filtered tables: stale ones are rebuilt, or deleted (a refused version's)."""
-    out = refresh_indexes(store)
-    rows = [{"layer": "neighbor_index", "item": v, "note": "rebuilt from the filtered tables"} for v in out["written"]]
-    rows += [{"layer": "neighbor_index", "item": v, "files_removed": 1, "note": "deleted"} for v in out["pruned"]]
-    base = index_dir(store, "x").parent
+    """Each existing neighbour index follows its filtered tables: rebuilt whole (it is one matrix), or deleted when
+    its version has no tables left or is refused (a refused version gets no index)."""
+    rows, base = [], index_dir(store, "x").parent
+    serving = {current_version(store)} | (set(read_versions(store)["version"].to_pylist()) - set(refused_versions(store)))
     for d in sorted(base.glob("*")) if base.is_dir() else []:
-        if not d.name.startswith(".") and not _fresh(store, d.name):
+        if d.name.startswith(".") or _fresh(store, d.name):
+            continue
+        if d.name in serving and published_shards(store, d.name):
+            meta = write_index(store, d.name)
+            rows.append({"layer": "neighbor_index", "item": d.name, "note": "rebuilt from the filtered tables",
+                         "bytes_written": sum(p.stat().st_size for p in Path(meta["path"]).iterdir())})
+        else:
             shutil.rmtree(d, ignore_errors=True)
-            rows.append({"layer": "neighbor_index", "item": d.name, "files_removed": 1, "note": "stale: deleted"})
+            rows.append({"layer": "neighbor_index", "item": d.name, "files_removed": 1, "note": "deleted"})
     return rows
 
 
@@ -416,7 +427,7 @@ def former_vectors(store: FeatureStore, ids: set, shards) -> list[np.ndarray]:
         if store.committed(shard):
             data = store.read_shard(shard)
             out.append(data.clips[~_keep_mask(data.index["video_id"], ids)])
-            k = data.static.shape[1] if data.static.ndim == 3 else 0
+            k = data.static.shape[1] if data.static.ndim == 3 and len(data.static) else 0
             if k:
                 vids = np.asarray(data.static_index["video_id"].to_pylist()[::k], dtype=object)
                 out.append(data.static[np.isin(vids, list(ids))].reshape(-1, data.static.shape[2]))
@@ -466,6 +477,7 @@ def verify(store: FeatureStore, needles, former: list[np.ndarray], skip=()) -> d
 
     from .storefs import open_root
 
+    t0 = time.perf_counter()
     pat = _pattern(needles) if needles else None
     by_dim: dict[int, list] = {}
     for a in former:
@@ -497,7 +509,8 @@ def verify(store: FeatureStore, needles, former: list[np.ndarray], skip=()) -> d
                     if n := _vector_hits(arr[:], former_u):
                         vec_hits.append(f"{where[:-len('/zarr.json')]}/{name}: {n} rows")
     return {"clean": not id_hits and not vec_hits, "files": files, "decoded": decoded, "ids": len(needles),
-            "vectors": int(sum(len(a) for a in former)), "id_hits": id_hits, "vector_hits": vec_hits}
+            "vectors": int(sum(len(a) for a in former)), "id_hits": id_hits, "vector_hits": vec_hits,
+            "seconds": time.perf_counter() - t0}
 
 
 def check_line(check: dict) -> str:
@@ -522,10 +535,6 @@ def fitted_summary(summary: dict) -> str:
     how = "kept on record (--keep-fitted-versions), their rows removed" if summary["keep_fitted"] else \
         "retired in the ledger and deleted (tables, adapter, gate cache, neighbour index)"
     return f"AAM version(s) fitted on these videos: {', '.join(fitted)}: {how}"
-
-
-def elapsed(t0: float) -> str:
-    return f"{time.perf_counter() - t0:.1f} s"
 
 
 
