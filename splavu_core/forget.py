@@ -189,6 +189,7 @@ def run_request(store: FeatureStore, request_id: str, log=print) -> dict:
     except FileNotFoundError:
         raise ForgetError(f"no erasure request {request_id!r} in progress in {store.root}") from None
     ids, needles, shards, _ = request_targets(store, request_id)
+    erasure.add_tombstones(store, ids, request_id)  # again: a run killed right after journaling had not yet
     former = former_vectors(store, ids, shards)
     done = journal["done"]
     receipt = journal["receipt"]
@@ -571,3 +572,15 @@ def request_targets(store: FeatureStore, request_id: str) -> tuple[set, list, li
     j = store.fs.read_json(_journal_key(request_id))
     ids = set(j["videos"])
     return ids, sorted(ids | set(j["subjects"])), sorted({s for ss in j["videos"].values() for s in ss}), j["reason"]
+
+
+def erase_raced(store: FeatureStore, shard: str, log=print) -> dict | None:
+    """After an extraction's commit: erase the videos tombstoned since it read its rows (an erasure it raced on an
+    object store, where only the commit is locked). Returns the new marker, or None when there were none."""
+    key = store.shard_file(shard, "clips.parquet")
+    gone = erasure.forgotten(store, pc.unique(store.fs.read_parquet(key, columns=["video_id"])["video_id"]).to_pylist())
+    if not gone:
+        return None
+    erase_shard(store, shard, gone, [])
+    log(f"{shard}: {len(gone)} video(s) erased while this extraction ran were removed again")
+    return store.committed(shard)

@@ -313,3 +313,38 @@ def test_forget_benchmark_smoke(tmp_path):
     assert one["latents_bytes_rewritten"] <= 1.2 * res["shard_bytes_mean"]
     assert res["forget_subject"]["check_clean"] and res["forget_subject"]["shards_rewritten"] >= 1
     assert re.match(r"^\d+(\.\d+)?$", str(one["seconds"]))
+
+
+# ---------------------------------------------------------------- a rewrite and a publish of one shard
+
+def test_a_rewrite_and_a_publish_of_one_shard_take_turns(tmp_path):
+    """The erasure's rewrite holds the shard's locks; a publish of that shard (anonymize_shard) waits for it, and then
+    publishes what the rewrite left, not the rows it removed."""
+    import threading
+    import time
+
+    from test_publish_catalog import make_adapter, write_fake_shard
+
+    s = FeatureStore(tmp_path / "store")
+    write_fake_shard(s, "ar-000")
+    adapter = make_adapter(s)
+    events = []
+
+    def publish():
+        events.append("publish started")
+        pub.anonymize_shard(s, "ar-000", adapter)
+        events.append("published")
+
+    with s.rewriting("ar-000") as commit:
+        t = threading.Thread(target=publish)
+        t.start()
+        time.sleep(1.0)
+        assert events == ["publish started"]  # waiting on the shard's lock
+        d = s.read_shard("ar-000")
+        keep = pa.array([v != "ar-000_v1" for v in d.index["video_id"].to_pylist()])
+        commit(type(d)(d.clips[np.asarray(keep)], d.index.filter(keep), d.static, d.static_index, d.quarantine),
+               s.shard_provenance("ar-000"), "erased")
+    t.join(30)
+    assert events == ["publish started", "published"]
+    table = pub.read_anonymized(s, json.loads((adapter / "adapter.json").read_text())["version"])
+    assert "ar-000_v1" not in table["video_id"].to_pylist() and table.num_rows == s.committed("ar-000")["clips"]
