@@ -348,3 +348,51 @@ def test_a_rewrite_and_a_publish_of_one_shard_take_turns(tmp_path):
     assert events == ["publish started", "published"]
     table = pub.read_anonymized(s, json.loads((adapter / "adapter.json").read_text())["version"])
     assert "ar-000_v1" not in table["video_id"].to_pylist() and table.num_rows == s.committed("ar-000")["clips"]
+
+
+# ---------------------------------------------------------------- versions fitted on the videos, without a refit
+
+def fitted_store(tmp_path):
+    """A hand-built store whose `ar` dataset is registered with a training role, one version published and current."""
+    from test_publish_catalog import make_adapter, publish, write_fake_shard
+
+    s = FeatureStore(tmp_path / "store")
+    for shard, seed in (("ar-000", 0), ("ar-001", 1)):
+        write_fake_shard(s, shard, seed=seed)
+    s.fs.write_json("datasets/ar.json", {"name": "ar", "manifest": str(tmp_path / "gone.csv"), "shard_size": 4,
+                                         "videos": 8, "shards": ["ar-000", "ar-001"], "roles": ["ar"]})
+    return s, publish(s, make_adapter(s), ["ar-000", "ar-001"])
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_versions_fitted_on_the_videos_are_retired_or_kept_on_record(tmp_path, keep):
+    from splavu_core.ledger import ledger_log, promote
+
+    s, v = fitted_store(tmp_path)
+    targets, _ = fg.resolve(s, videos=["ar-000_v0"])  # a train video of a training dataset
+    assert targets["ar-000_v0"]["trains"]
+    journal = fg.open_request(s, targets, "withdrawn", keep_fitted=keep)
+    summary = fg.run_request(s, journal["request_id"], log=print)
+    assert summary["check"]["clean"] and summary["fitted_versions"] == [v]
+    assert summary["refit_config"] is not None  # the CLI refits the current version's fit without the video
+    actions = {e["action"] for e in ledger_log(s) if e["version"] == v}
+    if keep:  # on record, rows removed, still current
+        assert "erasure-override" in actions and current_version(s) == v
+        assert "ar-000_v0" not in pub.read_anonymized(s, v)["video_id"].to_pylist()
+    else:
+        assert "retire" in actions and current_version(s) is None and v in retired_versions(s)
+        assert not s.fs.exists(f"anonymized/{v}") and not s.fs.exists(f"aam/{v}")
+        with pytest.raises(pub.PublishError, match="retired"):
+            promote(s, v, force=True, reason="try")
+
+
+def test_an_extraction_that_raced_an_erasure_removes_the_videos_again(tmp_path):
+    from test_publish_catalog import write_fake_shard
+
+    s = FeatureStore(tmp_path / "store")
+    write_fake_shard(s, "ar-000")
+    erasure.add_tombstones(s, ["ar-000_v2"], "r1")  # erased while the shard was being encoded
+    said = []
+    marker = fg.erase_raced(s, "ar-000", log=said.append)
+    assert marker["videos"] == 3 and "ar-000_v2" not in s.read_shard("ar-000").index["video_id"].to_pylist()
+    assert said and fg.erase_raced(s, "ar-000") is None
