@@ -483,8 +483,9 @@ def _forget(store, request_id: str, note: str = "") -> str:
         out = r.run_reanonymize(r.instance(), r.StoreResource(root=str(store.root)), version=version)
     except Exception as e:  # the erasure itself is complete and checked: say so, and how to refit by hand
         fg.record_refit(store, request_id, reason, None, False, f"refit failed: {_one_line(e)}", fg.verify(store, needles, former))
-        raise StoreError(f"the erasure is complete and checked, but the refit failed ({_one_line(e)}); no version is "
-                         f"current: refit by hand with `splavu train --config "
+        state = "the kept version stays current" if summary["keep_fitted"] else "no version is current"
+        raise StoreError(f"the erasure is complete and checked, but the refit failed ({_one_line(e)}); {state}: "
+                         f"refit by hand with `splavu train --config "
                          f"{shlex.quote(json.dumps(summary['refit_config']))}` and `splavu publish`") from e
     print(f"  {publish_summary(out)}")
     for line in gate_lines(store, version):

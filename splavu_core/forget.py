@@ -427,6 +427,8 @@ def sweep(store: FeatureStore) -> list[dict]:
             rows.append({"layer": "sweep", "item": f"latents/.staging/{shard}", "files_removed": len(left)})
         return rows
     for shard in store.committed_shards():
+        if len(store.fs.listdir(join("latents", shard, "attempts"))) < 2:
+            continue  # nothing to sweep: no lease to take
         with store.rewriting(shard):
             marker = store.committed(shard)
             if marker and len(store.fs.listdir(join("latents", shard, "attempts"))) > 1:

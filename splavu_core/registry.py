@@ -49,10 +49,9 @@ def register_dataset(store: FeatureStore, name: str, manifest_path: str | os.Pat
         rows = [i + 1 for i, r in enumerate(m.rows) if r["video_id"] in back]
         raise ForgottenVideoError(
             f"{manifest_path}: {len(back)} video(s) were erased from this store by `splavu forget` (data row(s) "
-            f"{', '.join(map(str, rows[:10]))}{' ...' if len(rows) > 10 else ''}): they are skipped at extraction; "
-            f"to bring them back on purpose, ingest again with --allow-forgotten (recorded in the erasure log)")
-    if back:
-        readmit(store, back, reason=f"--allow-forgotten on ingest of dataset {name}")
+            f"{', '.join(map(str, rows[:10]))}{' ...' if len(rows) > 10 else ''}): remove those rows, or ingest with "
+            f"--allow-forgotten to bring them back on purpose (recorded in the erasure log); a dataset registered "
+            f"already needs no new ingest: its extraction skips them")
     n = len(m.rows)
     shards = [f"{name}-{i:03d}" for i in range((n + shard_size - 1) // shard_size)]
     reg = {"name": name, "manifest": str(Path(manifest_path).resolve()), "shard_size": shard_size,
@@ -62,6 +61,8 @@ def register_dataset(store: FeatureStore, name: str, manifest_path: str | os.Pat
     if old is not None and old["manifest"] != reg["manifest"]:
         raise StoreError(f"dataset {name!r} is already registered from {old['manifest']}; "
                          f"choose another name for {reg['manifest']}")
+    if back:  # only once nothing else can refuse the registration
+        readmit(store, back, reason=f"--allow-forgotten on ingest of dataset {name}")
     store.fs.put_atomic(registration_key(name), (json.dumps(reg, indent=1) + "\n").encode())
     return shards
 
