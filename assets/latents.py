@@ -7,6 +7,7 @@ from pipeline.partitions import shards
 from pipeline.resources import EncoderResource, StoreResource
 from splavu_core import costs
 from splavu_core.extract import extract_shard, manifest_hash
+from splavu_core.forget import erase_raced
 from splavu_core.registry import dataset_of, registration, shard_rows, static_clips
 
 
@@ -20,7 +21,7 @@ from splavu_core.registry import dataset_of, registration, shard_rows, static_cl
 def extracted_latents(context: dg.AssetExecutionContext, store: StoreResource, encoder: EncoderResource):
     shard = context.partition_key
     fs = store.store()
-    manifest, rows = shard_rows(fs, shard)
+    manifest, rows = shard_rows(fs, shard, log=context.log.warning)
     enc = encoder.load()
     sampling = encoder.sampling()
     prov = enc.provenance(sampling)
@@ -43,6 +44,8 @@ def extracted_latents(context: dg.AssetExecutionContext, store: StoreResource, e
     marker, skipped = fs.produce_shard(shard, prov, mhash, extract, on_wait=context.log.warning)
     if skipped:
         context.log.info(f"{shard}: already extracted with this encoder and manifest; nothing to do")
+    else:  # an erasure that ran while this extraction encoded (object stores only lock the commit) wins
+        marker = erase_raced(fs, shard, log=context.log.warning) or marker
     secs = time.perf_counter() - t0
     n_static = 0 if skipped else int(marker["static_videos"]) * sampling.static_k
     encoded = marker["clips"] + n_static  # throughput counts every clip through the encoder

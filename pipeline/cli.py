@@ -11,6 +11,7 @@
     splavu ablations                                        the paper's ablations on the same latents
     splavu baselines [--masks rendered|hog]                 pixel-space baselines, scored beside splavu
     splavu sql "SELECT ..."  /  splavu neighbors VIDEO_ID   analysts: query the catalog read-only
+    splavu forget --video ID ... | --subject ID ... | --file F --reason TEXT   erase videos from every layer, refit
     splavu fail-run RUN_ID                                  free the pool slots of a run whose process is gone
     splavu demo                                             all of the above on the embedded default
 """
@@ -72,7 +73,8 @@ def cmd_synth(args) -> int:
 def cmd_ingest(args) -> int:
     r = _runner()
     store = r.StoreResource(root=_store_root(args))
-    keys = r.ingest(r.instance(), store, args.name, args.manifest, args.shard_size, roles=args.roles)
+    keys = r.ingest(r.instance(), store, args.name, args.manifest, args.shard_size, roles=args.roles,
+                    allow_forgotten=args.allow_forgotten)
     print(f"{args.name}: {len(keys)} shard(s): {' '.join(keys)}")
     print(f"  {describe_registration(registration(store.store(), args.name))}")
     return 0
@@ -418,6 +420,91 @@ def cmd_neighbors(args) -> int:
 
 
 
+def cmd_forget(args) -> int:
+    """Erase videos (or a subject's) from every layer of the store, then refit the adapter if it was fitted on them."""
+    from splavu_core import forget as fg  # here: the analysts' commands never need it
+
+    if not (args.reason or "").strip():
+        raise fg.ForgetError("--reason TEXT is required (why; kept in the erasure log, so do not name the person)")
+    videos = list(args.video or []) + (fg.read_ids_file(args.file) if args.file else [])
+    subjects = list(args.subject or [])
+    if not (videos or subjects):
+        raise fg.ForgetError("name what to erase: --video ID ..., --subject ID ... or --file F (one video id a line)")
+    store = FeatureStore(_store_root(args))
+    finished = [_forget(store, rid, note="left unfinished by an earlier run") for rid in fg.pending_requests(store)]
+    try:
+        targets, already = fg.resolve(store, videos, subjects)
+    except fg.ForgetError:
+        if finished:  # the request this command repeats was the unfinished one: nothing is left of it
+            print("nothing else to erase: the request above was this one")
+            return 0
+        raise
+    for v in already:
+        print(f"video {v!r} was erased already (it has a tombstone)")
+    if not targets:
+        return 0
+    files = sorted({f for t in targets.values() for f in t["files"]})
+    regs = registered(store)
+    manifests = sorted({regs[d]["manifest"] for t in targets.values() for s in t["shards"]
+                        if (d := s.rpartition("-")[0]) in regs})
+    print(f"erasing {len(targets)} video(s) from {store.root}. Your own files are not touched; delete them yourself "
+          f"(and their rows in {', '.join(manifests) or 'your manifests'}, or keep the rows: the tombstones skip "
+          f"them):")
+    for f in files:
+        print(f"  {f}")
+    scope = ", ".join(x for x in ("video" if args.video else "", "subject" if subjects else "",
+                                  "file" if args.file else "") if x)
+    journal = fg.open_request(store, targets, args.reason, subjects=subjects, keep_fitted=args.keep_fitted_versions,
+                              scope=scope)
+    _forget(store, journal["request_id"])
+    return 0
+
+
+def _forget(store, request_id: str, note: str = "") -> str:
+    """Run the `forget` job on a journaled request, then the refit it calls for; print what was done and checked."""
+    from splavu_core import forget as fg
+
+    r = _runner()
+    ids, needles, shards, reason = fg.request_targets(store, request_id)
+    former = fg.former_vectors(store, ids, shards)  # for the check after the refit (the job checks its own part)
+    print(f"erasure request {request_id}{f' ({note})' if note else ''}: the `forget` job", flush=True)
+    md = r.run_forget(r.instance(), r.StoreResource(root=str(store.root)), request_id)
+    for layer, t in md["layers"].items():
+        print(f"  {layer:15s} {t['items']:4d} item(s)  rows removed {t['rows_removed']:7d}  files removed "
+              f"{t['files_removed']:4d}  bytes rewritten {t['bytes_written']:10d}")
+    summary = md["summary"]
+    print(f"  {fg.fitted_summary(summary)}")
+    print(f"  check: {md['check']}")
+    if summary["refit_config"] is None:
+        return request_id
+    print("refitting the adapter without them (it was the current version and was fitted on them)", flush=True)
+    try:
+        version = _train_aam(r.StoreResource(root=str(store.root)), summary["refit_config"])
+        out = r.run_reanonymize(r.instance(), r.StoreResource(root=str(store.root)), version=version)
+    except Exception as e:  # the erasure itself is complete and checked: say so, and how to refit by hand
+        fg.record_refit(store, request_id, reason, None, False, f"refit failed: {_one_line(e)}", fg.verify(store, needles, former))
+        state = "the kept version stays current" if summary["keep_fitted"] else "no version is current"
+        raise StoreError(f"the erasure is complete and checked, but the refit failed ({_one_line(e)}); {state}: "
+                         f"refit by hand with `splavu train --config "
+                         f"{shlex.quote(json.dumps(summary['refit_config']))}` and `splavu publish`") from e
+    print(f"  {publish_summary(out)}")
+    for line in gate_lines(store, version):
+        print(f"  {line}")
+    current = current_version(store) == version
+    why = "passed both gates" if current else (refused_versions(store).get(version, {}).get("why") or "not promoted")
+    if not current:
+        print(f"  AAM {version} is NOT current ({why}); the version fitted on the erased videos is "
+              f"{'kept and filtered' if summary['keep_fitted'] else 'retired'}, so "
+              f"{'it' if summary['keep_fitted'] else 'no version'} serves analysts until one passes: no query returns "
+              f"the erased rows")
+    check = fg.verify(store, needles, former)
+    fg.record_refit(store, request_id, reason, version, current, why, check)
+    print(f"  check after the refit: {fg.check_line(check)}")
+    if not check["clean"]:
+        raise StoreError(f"erasure request {request_id}: check after the refit failed: {fg.check_line(check)}")
+    return request_id
+
+
 def cmd_fail_run(args) -> int:
     r = _runner()
     inst = r.instance()
@@ -457,6 +544,8 @@ def main(argv=None) -> int:
     p.add_argument("--roles", help="tasks the dataset serves, comma-separated: ar (action), tad (segments), ad "
                                    "(anomaly), privacy (attr_*), bias_f / bias_m (action, group), gait (subject_id); "
                                    "default: the dataset's name when it is one of these")
+    p.add_argument("--allow-forgotten", action="store_true",
+                   help="re-admit videos erased by `splavu forget` that this manifest lists (logged in the erasure log)")
     p.set_defaults(fn=cmd_ingest)
 
     p = add("extract", help="extract raw latents of registered datasets")
@@ -534,6 +623,17 @@ def main(argv=None) -> int:
     p.add_argument("--nprobe", type=int, default=8, help="IVF lists scanned by the approximate search")
     p.add_argument("--format", default="table", choices=["table", "csv", "json"])
     p.set_defaults(fn=cmd_neighbors)
+
+    p = add("forget", help="erase videos (or every video of a subject) from every layer of the store and refit the "
+                           "adapter without them; the receipt goes to the erasure log (`erasures` view)")
+    p.add_argument("--video", nargs="+", metavar="ID", help="video ids to erase")
+    p.add_argument("--subject", nargs="+", metavar="ID", help="erase every video whose manifest row has this subject_id")
+    p.add_argument("--file", metavar="F", help="a file of video ids, one a line")
+    p.add_argument("--reason", help="why (required; kept in the erasure log: do not name the person)")
+    p.add_argument("--keep-fitted-versions", action="store_true",
+                   help="keep the AAM versions fitted on these videos (their rows removed) instead of retiring them; "
+                        "recorded in the ledger and the erasure log")
+    p.set_defaults(fn=cmd_forget)
 
     p = add("fail-run", help="mark a run whose process is gone failed and free its pool slots "
                                         "(runs of this host are found and failed automatically)")

@@ -1,10 +1,10 @@
 """The Dagster code location: `dagster dev -m pipeline.definitions`."""
 import dagster as dg
 
-from assets import aam, anonymized, baselines, catalog, evaluation, latents, manifest, operating_point
+from assets import aam, anonymized, baselines, catalog, evaluation, forget, latents, manifest, operating_point
 from pipeline import ablations
 from pipeline.executors import splavu_executor
-from pipeline.jobs import evaluate_job, extract_job, pixel_baselines_job, train_aam_job
+from pipeline.jobs import evaluate_job, extract_job, forget_job, pixel_baselines_job, train_aam_job
 from pipeline.reanonymize import (anonymize_new_shards, reanonymize_job, reanonymize_on_new_aam, reanonymize_schedule,
                                   refresh_catalog_job, refresh_catalog_sensor)
 from pipeline.resources import EncoderResource, StoreResource
@@ -12,10 +12,10 @@ from pipeline.sensors import inbox_sensor
 
 defs = dg.Definitions(
     assets=[*dg.load_assets_from_modules([manifest, latents, aam, anonymized, catalog, evaluation, baselines,
-                                          operating_point]), *ablations.ASSETS],
+                                          operating_point, forget]), *ablations.ASSETS],
     asset_checks=[*evaluation.CHECKS, *operating_point.CHECKS],  # load_assets_from_modules does not pick up checks
     jobs=[extract_job, train_aam_job, reanonymize_job, refresh_catalog_job, evaluate_job, ablations.ablations_job,
-          pixel_baselines_job, operating_point.keep_curve_job],
+          pixel_baselines_job, operating_point.keep_curve_job, forget_job],
     sensors=[inbox_sensor, reanonymize_on_new_aam, anonymize_new_shards, refresh_catalog_sensor],
     schedules=[reanonymize_schedule],
     resources={"store": StoreResource(), "encoder": EncoderResource()},

@@ -21,3 +21,9 @@ pixel_baselines_job = dg.define_asset_job(
     "pixel_baselines", selection=dg.AssetSelection.groups("baselines"), partitions_def=pixel_baselines,
     description="Re-extract the evaluation datasets through one pixel-space anonymizer per partition (blur, blacken, "
                 "2x/4x downsampling) into its own store; then run `evaluate` to score them beside raw and splavu.")
+
+forget_job = dg.define_asset_job(
+    "forget", selection=dg.AssetSelection.assets("erasure_request"),
+    description="Complete an erasure request opened by `splavu forget` (config: its request_id): remove its videos "
+                "from every layer, retire the AAM versions fitted on them, check, log the receipt. `splavu forget` "
+                "then refits the current adapter without them (train_aam + reanonymize).")

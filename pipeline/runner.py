@@ -1,7 +1,7 @@
 """Run the code location's named jobs in-process against the local Dagster instance ($DAGSTER_HOME), as the CLI does.
 
 Every command runs a job of pipeline.definitions by name (`extract_latents`, `train_aam`, `reanonymize`,
-`refresh_catalog`, `evaluate`, `ablations`, `pixel_baselines`) with its asset selection, so the runs show up in
+`refresh_catalog`, `evaluate`, `ablations`, `pixel_baselines`, `forget`) with its asset selection, so the runs show up in
 `dagster dev` under that job and with those assets, like a run launched from the UI; only the executor differs
 (in-process here; a cluster deployment runs the same jobs through its own executor).
 """
@@ -46,8 +46,8 @@ def _process_instance() -> dg.DagsterInstance:
 
 
 def ingest(inst: dg.DagsterInstance, store: StoreResource, name: str, manifest: str, shard_size: int,
-           roles=None) -> list[str]:
-    keys = register_dataset(store.store(), name, manifest, shard_size, roles=roles)
+           roles=None, allow_forgotten: bool = False) -> list[str]:
+    keys = register_dataset(store.store(), name, manifest, shard_size, roles=roles, allow_forgotten=allow_forgotten)
     _add_shards(inst, keys)
     return keys
 
@@ -133,6 +133,12 @@ def run_reanonymize(inst: dg.DagsterInstance, store: StoreResource, version: str
         res = run_job(inst, "refresh_catalog", store, tags={"splavu/trigger": "cli"})
         out["catalog"] = metadata(res, "feature_catalog")
     return out
+
+
+def run_forget(inst: dg.DagsterInstance, store: StoreResource, request_id: str) -> dict:
+    """The `forget` job on one journaled request; returns the erasure_request asset's metadata values."""
+    res = run_job(inst, "forget", store, run_config={"ops": {"erasure_request": {"config": {"request_id": request_id}}}})
+    return metadata(res, "erasure_request")
 
 
 def run_evaluation(store, config: dict | None = None, instance: dg.DagsterInstance | None = None,

@@ -9,6 +9,7 @@ filesystem). Plain `duckdb` on the catalog file has none of these limits: that i
 """
 from __future__ import annotations
 
+import os
 import re
 
 import duckdb
@@ -34,12 +35,22 @@ def _view_sources(con, store: FeatureStore) -> list[str]:
     found = {lit.replace("''", "'") for lit in re.findall(r"'((?:[^']|'')*)'", sql)}
     mine = sorted(u for u in found if u.startswith(root.rstrip("/") + "/"))
     keys = [u[len(root.rstrip("/")) + 1:] for u in mine]
-    return mine + [store.fs.duck_url(k) for key in keys if "*" in key for k in store.fs.match(key)]
+    matched = [k for key in keys if "*" in key for k in store.fs.match(key)]
+    if store.local:  # duck_url resolves links: check the names the views reach first
+        real = os.path.realpath(store.root)
+        linked = [k for k in [*keys, *matched] if "*" not in k and os.path.realpath(store.fs.loc(k)) != os.path.join(real, k)]
+        if linked:  # DuckDB matches a view's glob by name, so a link cannot just be left out: refuse the connection
+            raise ReadOnlyError(f"the catalog is read-only for analysts over the store's own files, and "
+                                f"{store.fs.loc(linked[0])} is a symbolic link (it could point at private labels): refused")
+    return mine + [store.fs.duck_url(k) for k in matched]
 
 
 def _lock_down(con, store: FeatureStore) -> None:
-    """No file access but the views' own Parquet files, and no way to turn that back on."""
+    """No file access but the views' own Parquet files, and no way to turn that back on. DuckDB adds its temp
+    directory (default `<cwd>/.tmp`) to the allowed directories and follows symbolic links inside it, so there is
+    none (queries do not spill to disk); and a view file reached through a symbolic link refuses the connection."""
     allowed = _view_sources(con, store)
+    con.sql("SET temp_directory = ''")
     con.execute("SET allowed_paths = ?", [allowed])
     con.sql("SET enable_external_access = false")
     con.sql("SET lock_configuration = true")
@@ -71,6 +82,9 @@ def _connect(store: FeatureStore, read_only: bool = True):
         con.sql("USE catalog")
         if read_only:
             _lock_down(con, store)
+    except ReadOnlyError:
+        con.close()
+        raise
     except duckdb.Error as e:
         con.close()
         raise CatalogError(f"cannot open {p} (read_only={read_only}): {e}") from e

@@ -11,6 +11,7 @@
     metrics                   metrics/*.parquet
     runs                      runs/*.parquet
     storage                   storage.parquet: one row per file of the store, computed at build time
+    erasures                  erasure/log/*.parquet: the receipts of `splavu forget` (counts and hashes, no ids)
 
 The catalog holds views only: no data is copied into it, and no view reads raw latent arrays
 (Zarr) - only the index and metadata tables next to them. Views use glob patterns, so new shards
@@ -51,6 +52,7 @@ import pyarrow as pa
 
 from .publish import (VERSIONS_KEY, VERSIONS_SCHEMA, anonymized_key, anonymized_schema, approved_versions,
                       current_version, published_shards, read_versions, refused_versions)
+from .erasure import LOG_DIR, LOG_SCHEMA
 from .store import CLIP_INDEX_SCHEMA, QUARANTINE_SCHEMA, FeatureStore, StoreError
 
 CATALOG_FILE = "catalog.duckdb"
@@ -171,7 +173,7 @@ def _classify(rel: Path) -> tuple[str, str | None, str | None]:
         return "private_labels", Path(parts[1]).stem, None
     if top == "neighbors" and len(parts) > 2:  # splavu_core.neighbors: a version's anonymized features, normalised
         return "neighbor_index", None, parts[1]
-    if top in ("metrics", "runs", "datasets"):
+    if top in ("metrics", "runs", "datasets", "erasure"):
         return top, None, None
     if top == ".trash":
         return "trash", None, None
@@ -264,6 +266,8 @@ def _create_views(con, store: FeatureStore, version: str | None, dim: int | None
                                     "SELECT * EXCLUDE (filename) FROM {src}", _empty_select(schema))
     files["aam_versions"] = _parquet_view(con, "aam_versions", store, VERSIONS_KEY,
                                           "SELECT * EXCLUDE (filename) FROM {src}", _empty_select(VERSIONS_SCHEMA))
+    files["erasures"] = _parquet_view(con, "erasures", store, f"{LOG_DIR}/*.parquet",
+                                      "SELECT * EXCLUDE (filename) FROM {src}", _empty_select(LOG_SCHEMA))
     files["storage"] = _parquet_view(con, "storage", store, "storage.parquet",
                                      "SELECT * EXCLUDE (filename) FROM {src}", _empty_select(STORAGE_SCHEMA))
     return files

@@ -229,6 +229,9 @@ def promote(store: FeatureStore, version: str, *, force: bool = False, reason: s
     if version not in recorded:
         raise PublishError(f"AAM version {version!r} is not recorded in {versions_path(store)} "
                            f"(known: {recorded or 'none'})")
+    if version in retired_versions(store):
+        raise PublishError(f"AAM version {version} was retired: it was fitted on videos erased by `splavu forget` "
+                           f"({refused_versions(store).get(version, {}).get('why', 'see aam_ledger_log.json')})")
     ok, why = gates_passed(store, version) if require_verdicts else (True, "verdicts not required")
     if not ok and not force:
         raise PublishError(f"version {version} did not pass the gates ({why}); promote it anyway only with "
@@ -257,7 +260,7 @@ def rollback(store: FeatureStore, reason: str = "") -> tuple[str, str]:
     if not candidates:
         others = sorted((p for p in promoted if p != cur), key=lambda p: promoted[p], reverse=True)
         candidates = others
-    recorded = set(read_versions(store)["version"].to_pylist())
+    recorded = set(read_versions(store)["version"].to_pylist()) - retired_versions(store)
     target = next((c for c in candidates if c in recorded and c != cur), None)
     if target is None:
         raise PublishError(f"version {cur} is current and no earlier version was ever current: nothing to roll back to")
@@ -265,6 +268,37 @@ def rollback(store: FeatureStore, reason: str = "") -> tuple[str, str]:
         set_current(store, target)
         _log(store, "rollback", target, cur, reason or f"rolled back from {cur}")
     return cur, target
+
+
+def retired_versions(store: FeatureStore) -> set[str]:
+    """Versions retired for good (fitted on erased videos, forget.py): never current again."""
+    return {e["version"] for e in ledger_log(store) if e["action"] == "retire"}
+
+
+def retire_versions(store: FeatureStore, versions, why: str) -> str | None:
+    """Take `versions` out of service for good: not current, not once-promoted (so neither rollback nor the catalog's
+    anonymized_features_all reaches them), refused with `why`, logged. Returns the previously current version."""
+    versions = set(versions)
+    with store.lock("aam_promotions"):
+        prev = current_version(store)
+        with store.lock("aam_versions"):
+            rows = read_versions(store).to_pylist()
+            for r in rows:
+                r["is_current"] = bool(r["is_current"]) and r["version"] not in versions
+            _write_versions(store, rows)
+        done = promoted_versions(store)
+        if versions & set(done):
+            store.fs.write_json(PROMOTIONS_FILE, {v: t for v, t in done.items() if v not in versions})
+        for v in sorted(versions):
+            record_refusal(store, v, why)
+            _log(store, "retire", v, prev, why)
+    return prev
+
+
+def log_erasure_override(store: FeatureStore, version: str, reason: str) -> None:
+    """A version fitted on erased videos kept in service on purpose (`splavu forget --keep-fitted-versions`)."""
+    with store.lock("aam_promotions"):
+        _log(store, "erasure-override", version, current_version(store), reason)
 
 
 def log_auto_promotion(store: FeatureStore, version: str, previous: str | None, why: str) -> None:

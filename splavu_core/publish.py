@@ -214,20 +214,23 @@ def anonymize_shard(store: FeatureStore, shard: str, adapter_dir) -> dict:
     if published_rows(store, version, shard) == commit["clips"]:
         return {**base, "rows": commit["clips"], "seconds": time.perf_counter() - t0, "skipped": True}
 
-    data = store.read_shard(shard, with_static=False)
-    clips = np.ascontiguousarray(data.clips, np.float32)
-    if clips.shape[1] != cfg.dim:
-        raise PublishError(f"shard {shard!r} has {clips.shape[1]}-d latents, adapter {adapter_dir} expects {cfg.dim}")
-    index = data.index.select(list(INDEX_COLUMNS))
-    vids = index["video_id"].to_numpy(zero_copy_only=False)
-    feats = _run_adapter(adapter, cfg, clips, vids, index["clip_index"].to_numpy())
-    if not np.isfinite(feats).all():
-        raise PublishError(f"adapter {adapter_dir} produced non-finite features on shard {shard!r}")
-    max_change = assert_not_identity(clips, feats)
+    # under the shard's commit lock: an erasure rewriting this shard (forget.py) cannot interleave between the read
+    # of its latents and the write of its table (which would publish rows of erased videos again)
+    with store.lock(f"shard-{shard}"):
+        data = store.read_shard(shard, with_static=False)
+        clips = np.ascontiguousarray(data.clips, np.float32)
+        if clips.shape[1] != cfg.dim:
+            raise PublishError(f"shard {shard!r} has {clips.shape[1]}-d latents, adapter {adapter_dir} expects {cfg.dim}")
+        index = data.index.select(list(INDEX_COLUMNS))
+        vids = index["video_id"].to_numpy(zero_copy_only=False)
+        feats = _run_adapter(adapter, cfg, clips, vids, index["clip_index"].to_numpy())
+        if not np.isfinite(feats).all():
+            raise PublishError(f"adapter {adapter_dir} produced non-finite features on shard {shard!r}")
+        max_change = assert_not_identity(clips, feats)
 
-    table = _anonymized_table(index, feats, version, fp)
-    assert_no_raw_latents(table, clips)
-    store.fs.write_parquet(anonymized_key(version, shard), table)
+        table = _anonymized_table(index, feats, version, fp)
+        assert_no_raw_latents(table, clips)
+        store.fs.write_parquet(anonymized_key(version, shard), table)
     change = {} if np.isnan(max_change) else {"max_abs_change": max_change}  # none for a narrower (keep) table
     return {**base, "rows": table.num_rows, **change, "seconds": time.perf_counter() - t0,
             "skipped": False}

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from .erasure import ForgottenVideoError, forgotten, readmit
 from .manifest import Manifest, load_manifest
 from .registrations import _registration, registered, registration, registration_key  # noqa: F401  (re-exported)
 from .roles import RoleError, default_roles, gets_static_clips, missing_columns, parse_roles, roles_of
@@ -30,9 +31,10 @@ def dataset_of(shard: str) -> str:
 
 
 def register_dataset(store: FeatureStore, name: str, manifest_path: str | os.PathLike,
-                     shard_size: int = DEFAULT_SHARD_SIZE, roles=None) -> list[str]:
+                     shard_size: int = DEFAULT_SHARD_SIZE, roles=None, allow_forgotten: bool = False) -> list[str]:
     """Validate `manifest_path` and record it under `name` with the roles it serves (None: from the name,
-    see roles.py); return the dataset's shard keys."""
+    see roles.py); return the dataset's shard keys. A manifest listing erased videos (erasure.py) is refused
+    unless allow_forgotten, which re-admits them (logged in the erasure log)."""
     if not NAME.match(name):
         raise StoreError(f"dataset name {name!r}: use lowercase letters, digits and '_'")
     if shard_size < 1:
@@ -42,6 +44,14 @@ def register_dataset(store: FeatureStore, name: str, manifest_path: str | os.Pat
     columns = list(m.to_arrow().column_names)
     if problems := missing_columns(roles, columns):
         raise RoleError(f"{manifest_path}: " + "; ".join(problems) + f" (its columns: {columns})")
+    back = forgotten(store, [r["video_id"] for r in m.rows])
+    if back and not allow_forgotten:
+        rows = [i + 1 for i, r in enumerate(m.rows) if r["video_id"] in back]
+        raise ForgottenVideoError(
+            f"{manifest_path}: {len(back)} video(s) were erased from this store by `splavu forget` (data row(s) "
+            f"{', '.join(map(str, rows[:10]))}{' ...' if len(rows) > 10 else ''}): remove those rows, or ingest with "
+            f"--allow-forgotten to bring them back on purpose (recorded in the erasure log); a dataset registered "
+            f"already needs no new ingest: its extraction skips them")
     n = len(m.rows)
     shards = [f"{name}-{i:03d}" for i in range((n + shard_size - 1) // shard_size)]
     reg = {"name": name, "manifest": str(Path(manifest_path).resolve()), "shard_size": shard_size,
@@ -51,6 +61,8 @@ def register_dataset(store: FeatureStore, name: str, manifest_path: str | os.Pat
     if old is not None and old["manifest"] != reg["manifest"]:
         raise StoreError(f"dataset {name!r} is already registered from {old['manifest']}; "
                          f"choose another name for {reg['manifest']}")
+    if back:  # only once nothing else can refuse the registration
+        readmit(store, back, reason=f"--allow-forgotten on ingest of dataset {name}")
     store.fs.put_atomic(registration_key(name), (json.dumps(reg, indent=1) + "\n").encode())
     return shards
 
@@ -67,15 +79,21 @@ def dataset_manifest(store: FeatureStore, name: str) -> Manifest:
     return load_manifest(reg["manifest"])
 
 
-def shard_rows(store: FeatureStore, shard: str) -> tuple[Manifest, list[dict]]:
-    """The validated manifest and the rows of one shard."""
+def shard_rows(store: FeatureStore, shard: str, log=None) -> tuple[Manifest, list[dict]]:
+    """The validated manifest and the rows of one shard, without erased videos (log(message) says how many)."""
     name = dataset_of(shard)
     reg = _registration(store, name)
     if reg is None or shard not in reg["shards"]:
         raise StoreError(f"shard {shard!r} is not part of a registered dataset in {store.root}")
     m = dataset_manifest(store, name)
     i = reg["shards"].index(shard)
-    return m, m.rows[i * reg["shard_size"]:(i + 1) * reg["shard_size"]]
+    rows = m.rows[i * reg["shard_size"]:(i + 1) * reg["shard_size"]]
+    # erased videos (tombstones) never come back through a re-extraction; the shard's boundaries stay where they were
+    gone = forgotten(store, [r["video_id"] for r in rows])
+    if gone and log:
+        log(f"{shard}: {len(gone)} erased video(s) skipped (`splavu forget` tombstones; `splavu ingest NAME MANIFEST "
+            f"--allow-forgotten` re-admits them)")
+    return m, [r for r in rows if r["video_id"] not in gone]
 
 
 def write_shard_manifest(store: FeatureStore, shard: str) -> pa.Table:

@@ -236,16 +236,43 @@ class FeatureStore:
 
     def write_shard(self, shard: str, data: ShardLatents, provenance: dict, manifest_hash: str) -> dict:
         """Write all of a shard and commit it atomically (see the module docstring); returns the marker."""
+        marker = self._new_marker(shard, data, provenance, manifest_hash)
+        if self.fs.local:
+            return self._commit_by_rename(shard, data, provenance, manifest_hash, marker)
+        return self._commit_by_marker(shard, data, provenance, manifest_hash, marker)
+
+    def _new_marker(self, shard: str, data: ShardLatents, provenance: dict, manifest_hash: str) -> dict:
         self.claim(provenance)
         n, d = data.clips.shape
         assert data.clips.dtype == np.float32 and np.isfinite(data.clips).all(), f"shard {shard}: non-finite latents"
         assert data.index.num_rows == n, f"shard {shard}: {data.index.num_rows} index rows for {n} clips"
-        marker = {"shard": shard, "encoder_fingerprint": provenance["encoder_fingerprint"],
-                  "manifest_hash": manifest_hash, "clips": n, "dim": d, "static_videos": int(len(data.static)),
-                  "videos": len(set(data.index.column("video_id").to_pylist())), "quarantined": data.quarantine.num_rows}
-        if self.fs.local:
-            return self._commit_by_rename(shard, data, provenance, manifest_hash, marker)
-        return self._commit_by_marker(shard, data, provenance, manifest_hash, marker)
+        return {"shard": shard, "encoder_fingerprint": provenance["encoder_fingerprint"],
+                "manifest_hash": manifest_hash, "clips": n, "dim": d, "static_videos": int(len(data.static)),
+                "videos": len(set(data.index.column("video_id").to_pylist())), "quarantined": data.quarantine.num_rows}
+
+    @contextmanager
+    def rewriting(self, shard: str, on_wait=None):
+        """Hold a committed shard's write locks (extraction's and the commit's, in their order) for a read-modify-write
+        (erasure, splavu_core/forget.py): no extraction or publish of the shard interleaves. Yields
+        commit(data, provenance, manifest_hash) -> marker, the normal atomic commit; on object stores it then deletes
+        the replaced attempt at once instead of keeping it for readers (a reader on it retries on the new marker)."""
+        with self._producing(shard, on_wait), self.lock(f"shard-{shard}", on_wait=on_wait):
+            def commit(data: ShardLatents, provenance: dict, manifest_hash: str) -> dict:
+                marker = self._new_marker(shard, data, provenance, manifest_hash)
+                if self.fs.local:
+                    return self._commit_by_rename_locked(shard, data, provenance, manifest_hash, marker)
+                marker = self._commit_by_marker_locked(shard, data, provenance, manifest_hash, marker)
+                self._gc_attempts(shard, keep={marker["data"]})
+                return marker
+            yield commit
+
+    def shard_provenance(self, shard: str, marker: dict | None = None) -> dict:
+        """The provenance a committed shard's arrays were written with (latents.zarr attributes)."""
+        import zarr  # here: only latent arrays need it
+
+        key = self.shard_data_key(shard, marker or self.committed(shard))
+        group = zarr.open_group(self.fs.zarr_store(join(key, "latents.zarr"), read_only=True), mode="r")
+        return dict(group.attrs["provenance"])
 
     def _write_files(self, key: str, shard: str, data: ShardLatents, provenance: dict, manifest_hash: str) -> None:
         import zarr  # here: only latent arrays need it (the catalog and CLI do not)
@@ -285,14 +312,17 @@ class FeatureStore:
         return marker
 
     def _commit_by_marker(self, shard, data, provenance, manifest_hash, marker) -> dict:
-        attempts = join("latents", shard, "attempts")
         with self.lock(f"shard-{shard}"):
-            current = self.committed(shard)
-            self._gc_attempts(shard, keep={current.get("data")} if current else set())
-            attempt = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
-            self._write_files(join(attempts, attempt), shard, data, provenance, manifest_hash)
-            marker = {**marker, "data": join("attempts", attempt)}
-            self.fs.write_json(join("latents", shard, COMMIT_FILE), marker)  # the commit: one PUT
+            return self._commit_by_marker_locked(shard, data, provenance, manifest_hash, marker)
+
+    def _commit_by_marker_locked(self, shard, data, provenance, manifest_hash, marker) -> dict:
+        attempts = join("latents", shard, "attempts")
+        current = self.committed(shard)
+        self._gc_attempts(shard, keep={current.get("data")} if current else set())
+        attempt = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
+        self._write_files(join(attempts, attempt), shard, data, provenance, manifest_hash)
+        marker = {**marker, "data": join("attempts", attempt)}
+        self.fs.write_json(join("latents", shard, COMMIT_FILE), marker)  # the commit: one PUT
         return marker
 
     def _gc_attempts(self, shard: str, keep: set) -> int:

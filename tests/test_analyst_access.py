@@ -143,3 +143,22 @@ def test_no_private_label_through_sql_from_any_parquet_file(catalog, capsys):
     assert any("manifests" in s for s in readable) and not any("labels" in s for s in readable)
     # the evaluation's path: the library joins the labels back
     assert catalog.read_shard_manifest("ar-000")["attr_skin"].to_pylist() == [0, 1, 0, 1]
+
+
+def test_no_private_label_through_a_symbolic_link(catalog, capsys, tmp_path, monkeypatch):
+    """Issue 27: DuckDB allowed its temp directory (`<cwd>/.tmp`) and followed symbolic links inside it, so a link
+    `.tmp -> <store>/labels` read every private label. Now there is no temp directory, and a view's file reached
+    through a link (here a manifest replaced by a link to its labels) is not allowed either."""
+    root = catalog.root
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".tmp").symlink_to(root / "labels")
+    rc, out, _ = cli(capsys, "--store", str(root), "sql",
+                     "SELECT value FROM duckdb_settings() WHERE name = 'allowed_directories'", "--format", "json")
+    assert rc == 0 and json.loads(out) == [{"value": "[]"}]
+    victim = root / "manifests" / "ar-001.parquet"
+    victim.unlink()
+    victim.symlink_to(root / "labels" / "ar-001.parquet")
+    for sql in ["SELECT * FROM read_parquet('.tmp/ar-000.parquet')", "SELECT * FROM glob('.tmp/*')",
+                f"SELECT * FROM read_parquet('{tmp_path}/.tmp/ar-000.parquet')", f"SELECT * FROM read_parquet('{victim}')"]:
+        rc, out, err = cli(capsys, "--store", str(root), "sql", sql, "--format", "json")
+        assert rc == 2 and "read-only" in err and "attr_" not in out, (sql, out, err)

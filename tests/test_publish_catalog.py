@@ -260,7 +260,7 @@ def test_catalog_build_idempotent_and_queries(store):
                              "anonymized_features_all": 30, "aam_versions": 1, "metrics": 0, "runs": 0, "quarantine": 0}
     names = [r["view_name"] for r in views(store)]
     assert names == sorted(["videos", "clips", "quarantine", "anonymized_features", "anonymized_features_all",
-                            "aam_versions", "metrics", "runs", "storage"])
+                            "aam_versions", "metrics", "runs", "storage", "erasures"])
     q = ("SELECT dataset, shard, video_id, clip_index, array_cosine_similarity(feature, feature) AS s "
          "FROM anonymized_features ORDER BY shard, video_id, clip_index")
     r1, v1 = analyst.query(store, q), views(store)
