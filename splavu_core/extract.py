@@ -14,7 +14,6 @@ import hashlib
 import json
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 from .encoders.vfm import FrozenEncoder
 from .pixel import PixelAnonymizer
 from .sampling import ClipSampling, ClipSpan
+from .threads import intra_op_threads
 from .store import CLIP_INDEX_SCHEMA, QUARANTINE_SCHEMA, STATIC_INDEX_SCHEMA, ShardLatents
 from .video import DecordVideo, VideoError
 
@@ -92,19 +92,6 @@ def encoder_workers(encoder: FrozenEncoder, workers: int = 0) -> int:
     return torch.get_num_threads() if encoder.device.type == "cpu" else 1
 
 
-@contextmanager
-def _intra_op_threads(n: int | None):
-    """torch's intra-op thread count for the block (process-wide in torch), restored after."""
-    before = torch.get_num_threads()
-    if n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        if n:
-            torch.set_num_threads(before)
-
-
 def extract_shard(shard: str, rows: list[dict], root: Path, encoder: FrozenEncoder, sampling: ClipSampling,
                   batch_size: int = 16, decode_threads: int = 2, static_splits=("train",),
                   log: Callable[[str], None] | None = None, progress: Callable[[int], None] | None = None,
@@ -148,7 +135,7 @@ def extract_shard(shard: str, rows: list[dict], root: Path, encoder: FrozenEncod
     # CPU with several workers: one intra-op thread each (decode threads' preprocessing included), so the
     # threads in flight match the cores instead of workers x torch threads + decode threads
     one_thread = 1 if encoder.device.type == "cpu" and n_workers > 1 else None
-    with _intra_op_threads(one_thread), ThreadPoolExecutor(max(1, decode_threads)) as pool, \
+    with intra_op_threads(one_thread), ThreadPoolExecutor(max(1, decode_threads)) as pool, \
             ThreadPoolExecutor(n_workers) as encode_pool:
         todo = deque(rows)
         inflight = deque()
