@@ -79,7 +79,7 @@ def test_bad_videos_are_quarantined_not_fatal(small_dataset, tiny_videomae, tmp_
     assert set(data.index.column("video_id").to_pylist()).isdisjoint(q)
     # static latents only for training videos, K each, in frame order
     train = {r["video_id"] for r in load_manifest(small_dataset / "manifest.csv").rows if r["split"] == "train"} - set(q)
-    assert data.static.shape == (len(train), 10, 32)
+    assert data.static.shape == (len(train), EncoderResource().static_k, 32)
     assert set(data.static_index.column("video_id").to_pylist()) == train
 
 
@@ -235,7 +235,10 @@ def test_fast_extraction_keeps_the_demo_encoders_latents_bit_for_bit(tiny_bench,
     from splavu_core.video import DecordVideo
 
     enc = load_encoder(device="cpu")
-    assert enc.fingerprint(ClipSampling()) == "videomae-23aa74e9917a12f7"  # weights + config + preprocessing + K=10
+    # weights + config + preprocessing + sampling: K = 4 static clips since the demo was resized (stores of K = 10
+    # keep theirs, and a resource with static_k=10 still writes them)
+    assert enc.fingerprint(ClipSampling()) == "videomae-a1f4d9db0b9b8a13"
+    assert enc.fingerprint(ClipSampling(static_k=10)) == "videomae-23aa74e9917a12f7"
     root, _ = tiny_bench
     m = load_manifest(root / "tad" / "manifest.csv")
     real = tmp_path / "real"
