@@ -51,7 +51,7 @@ def store_copy(tiny_store, tmp_path_factory):
 def test_extract(tiny_bench, tiny_videomae):
     root, _ = tiny_bench
     out = run_bench("extract", "--data", root / "tad", "--videos", 2, "--checkpoint", tiny_videomae, "--static-k", 2)
-    assert set(out["clips_per_s"]) == {"bare_forward", "encoder_only", "end_to_end", "naive"}
+    assert set(out["clips_per_s"]) == {"bare_forward", "bare_forward_workers", "encoder_only", "end_to_end", "naive"}
     assert out["clips"] > 0 and out["clips_end_to_end"] > out["clips"] and out["static_k"] == 2
     for k in ("ratio_end_to_end_vs_bare_forward", "ratio_end_to_end_vs_naive", "cpu_ratio_end_to_end_vs_bare_forward"):
         assert out[k] > 0
