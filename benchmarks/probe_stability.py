@@ -9,6 +9,7 @@ the new protocol (seeds + bootstrap over test videos), and the wall time.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -54,6 +55,7 @@ def main():
     store = FeatureStore(a.store)
     ds = task_datasets(store)
     feats = load_feature_sets(store, a.tasks, "raw", datasets=ds)
+    result = {"benchmark": "probe_stability", "store": str(store.root), "split": a.split, "seeds": a.seeds, "tasks": {}}
     for task in a.tasks:
         videos = feats[ds[task]]
         if a.old:
@@ -70,6 +72,10 @@ def main():
         print(f"{task:8s} new  seeds {np.round(vals, 4).tolist()} mean {st['value']:.4f} sd {st['sd']:.4f} "
               f"95% CI [{st['ci_low']:.4f}, {st['ci_high']:.4f}] chance {sc.chance[m]} "
               f"[fit {t1 - t0:.1f} s, interval {time.perf_counter() - t1:.1f} s]", flush=True)
+        result["tasks"][task] = {"metric": m, "per_seed": [float(v) for v in vals], "sd": st["sd"], "value": st["value"],
+                                 "ci_low": st["ci_low"], "ci_high": st["ci_high"], "chance": sc.chance[m],
+                                 "fit_s": round(t1 - t0, 2)}
+    print(json.dumps(result))  # the lines above, as one JSON object
 
 
 if __name__ == "__main__":

@@ -270,7 +270,7 @@ def run(args, root: Path) -> dict:
         "cosine_top10": time_query(lambda: analyst.query(store, cos_sql, params=[qvec]), args.query_runs),
         "neighbors": time_query(lambda: analyst.neighbors(store, probe_video, k=10), args.query_runs),
     }
-    con = cat._connect(store)
+    con = analyst._connect(store)  # the analysts' read-only connection, kept open: the warm figure
     try:
         queries["metadata_aggregate"]["warm_connection_ms"] = time_query(
             lambda: con.sql(agg_sql).fetchall(), args.query_runs)["median_ms"]

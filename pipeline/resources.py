@@ -35,7 +35,7 @@ class EncoderResource(dg.ConfigurableResource):
     clip_len: int = 16
     frame_step: int = 1
     target_fps: float | None = None
-    static_k: int = 10
+    static_k: int = ClipSampling.static_k  # one default (splavu_core/sampling.py says why 4)
     static_splits: list[str] = ["train"]
     static_datasets: list[str] = Field(default=[], description="datasets that get static latents (empty: those "
                                        "registered with a training role, decided at ingest); only the AAM's "

@@ -117,6 +117,7 @@ def run_reanonymize(inst: dg.DagsterInstance, store: StoreResource, version: str
         # the two blocking gates run as real asset checks in the shard's run (cached per version: measured once);
         # a failed gate fails the run's check (red in the UI) but is a verdict, not an error of the shard
         with_gates = gates or (gates is None and i == len(keys) - 1)
+        t0 = time.perf_counter()
         res = run_job(inst, "reanonymize", store, assets=["anonymized_features"], partition_key=key,
                       run_config=anonymize_run_config(version, retention), tags=tags, raise_on_error=False,
                       skip_checks=() if with_gates else gate_names,
@@ -127,6 +128,7 @@ def run_reanonymize(inst: dg.DagsterInstance, store: StoreResource, version: str
                     run_config=anonymize_run_config(version, retention), tags=tags, skip_checks=gate_names)
             raise PublishError(f"publishing shard {key} with AAM {version} failed")
         out["shards"][key] = metadata(res, "anonymized_features")
+        out.setdefault("run_seconds", {})[key] = {"seconds": time.perf_counter() - t0, "gates": bool(with_gates)}
         for ev in res.get_asset_check_evaluations():
             out.setdefault("checks", {})[ev.check_name] = {"passed": ev.passed, "description": ev.description}
     if catalog:

@@ -5,6 +5,8 @@
     feature_set  "raw" / "splavu" / "pixel_<name>"
     stage        extract (key: shard) | train (key: AAM version) | anonymize (key: <version>/<shard>)
 
+    <root>/costs/demo.json   the last `splavu demo`: wall seconds per stage (DEMO_STAGES) and the datasets it left out
+
 One small file per unit of work, written atomically, so concurrent runs never contend and a rerun
 of the same unit replaces its figure. Only work actually done is recorded (a skipped shard is not).
 `compare` turns the ledger into the report's cost section.
@@ -19,6 +21,10 @@ from .store import FeatureStore
 from .storefs import join
 
 STAGES = ("extract", "train", "anonymize")
+# `make demo` end to end: install (the Makefile's setup), synth, extract (ingest + encoder), fit (the AAM), publish
+# (anonymize + catalog), gates (the gated shard run's time beyond an ungated one), evaluate
+DEMO_STAGES = ("install", "synth", "extract", "fit", "publish", "gates", "evaluate")
+DEMO = "costs/demo.json"
 
 
 def _dir(feature_set: str, stage: str) -> str:
@@ -31,6 +37,24 @@ def record(store: FeatureStore, feature_set: str, stage: str, key: str, seconds:
              "recorded_at": datetime.now(timezone.utc).isoformat()}
     store.fs.write_json(join(_dir(feature_set, stage), f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', key)}.json"), entry)
     return entry
+
+
+def record_demo(store: FeatureStore, stages: dict[str, float | None], left_out: dict[str, str], **extra) -> dict:
+    """The last demo's stage wall times (None: not measured, e.g. install outside `make demo`) and what it did not
+    run (group -> why), for the report's cost section."""
+    unknown = set(stages) - set(DEMO_STAGES)
+    assert not unknown, f"unknown demo stage(s) {sorted(unknown)}; choose from {DEMO_STAGES}"
+    entry = {"stages": {s: (None if stages.get(s) is None else round(float(stages[s]), 1)) for s in DEMO_STAGES},
+             "left_out": dict(left_out), **extra, "recorded_at": datetime.now(timezone.utc).isoformat()}
+    store.fs.write_json(DEMO, entry)
+    return entry
+
+
+def read_demo(store: FeatureStore) -> dict | None:
+    try:
+        return store.fs.read_json(DEMO)
+    except FileNotFoundError:
+        return None
 
 
 def entries(store: FeatureStore, feature_set: str, stage: str) -> dict[str, dict]:
@@ -77,6 +101,9 @@ def compare(store: FeatureStore, version: str, shards: Sequence[str],
     ledger = {"extract": entries(store, "raw", "extract"), "train": entries(store, "splavu", "train"),
               "anonymize": entries(store, "splavu", "anonymize")}  # read once, summed per comparison
     out = {"shards": shards, "aam_version": version, "splavu": splavu_costs(ledger, version, shards)}
+    demo = read_demo(store)
+    if demo:
+        out["demo"] = demo
     for name, bstore in baselines.items():
         have = set(bstore.committed_shards())
         mine = [s for s in shards if s in have]

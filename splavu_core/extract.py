@@ -26,6 +26,7 @@ import torch
 from .encoders.vfm import FrozenEncoder
 from .pixel import PixelAnonymizer
 from .sampling import ClipSampling, ClipSpan
+from .threads import intra_op_threads
 from .store import CLIP_INDEX_SCHEMA, QUARANTINE_SCHEMA, STATIC_INDEX_SCHEMA, ShardLatents
 from .video import DecordVideo, VideoError
 
@@ -82,14 +83,25 @@ def manifest_hash(rows: list[dict]) -> str:
     return hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def encoder_workers(encoder: FrozenEncoder, workers: int = 0) -> int:
+    """How many batches run through the model at once. CPU: one per torch thread, each batch on one thread
+    (measured on 2 cores: a batch split over 2 threads ran at ~30-60% of the work rate of one thread per batch,
+    and collapsed when another job took a core, since every layer waits for the slower thread). GPU: one."""
+    if workers:
+        return workers
+    return torch.get_num_threads() if encoder.device.type == "cpu" else 1
+
+
 def extract_shard(shard: str, rows: list[dict], root: Path, encoder: FrozenEncoder, sampling: ClipSampling,
                   batch_size: int = 16, decode_threads: int = 2, static_splits=("train",),
                   log: Callable[[str], None] | None = None, progress: Callable[[int], None] | None = None,
-                  pixel: PixelAnonymizer | None = None) -> ShardLatents:
+                  pixel: PixelAnonymizer | None = None, workers: int = 0) -> ShardLatents:
     """Latents of every usable video in `rows`, in manifest order, clips in temporal order.
 
     `pixel`: a pixel-space baseline applied to the decoded frames before the encoder (its latents
-    belong in that baseline's own store, see splavu_core.pixel)."""
+    belong in that baseline's own store, see splavu_core.pixel). `workers`: batches encoded at once
+    (0: encoder_workers' choice). A clip's latent does not depend on its batch, its batch size or the thread
+    count (tests/test_extract.py pins it), so how batches are spread over workers changes no byte."""
     assert sampling.clip_len == encoder.num_frames, (
         f"clip_len {sampling.clip_len} differs from the encoder's num_frames {encoder.num_frames}")
     root = Path(root)
@@ -97,19 +109,34 @@ def extract_shard(shard: str, rows: list[dict], root: Path, encoder: FrozenEncod
     static_out: dict[str, np.ndarray] = {}
     quarantine = []
     meta: dict[str, tuple] = {}
-    pending: list[tuple[str, str, int, np.ndarray]] = []  # (video_id, kind, i, frames) awaiting a batch
+    pending: list[tuple[str, str, int, torch.Tensor]] = []  # (video_id, kind, i, frames) awaiting a batch
+    encoding: deque = deque()           # (batch's (video_id, kind, i), future of its (B, D) embeddings)
+    n_workers = encoder_workers(encoder, workers)
 
-    def flush(force=False):
-        while len(pending) >= batch_size or (force and pending):
-            chunk, pending[:] = pending[:batch_size], pending[batch_size:]
-            emb = encoder.embed_prepared(torch.stack([c[3] for c in chunk]))  # (B, D)
-            for (vid, kind, i, _), e in zip(chunk, emb):
+    def collect(keep: int):
+        while len(encoding) > keep:
+            keys, fut = encoding.popleft()
+            for (vid, kind, i), e in zip(keys, fut.result()):
                 if kind == "clip":
                     clip_out[vid][i] = e
                 else:
                     static_out[vid][i] = e
 
-    with ThreadPoolExecutor(max(1, decode_threads)) as pool:
+    def flush(force=False):
+        while len(pending) >= batch_size or (force and pending):
+            chunk, pending[:] = pending[:batch_size], pending[batch_size:]
+            # stacked channels last, the layout embed_prepared feeds the model (prepare's own): no second copy there
+            batch = torch.stack([c[3].permute(0, 2, 3, 1) for c in chunk]).permute(0, 1, 4, 2, 3)
+            encoding.append(([c[:3] for c in chunk], encode_pool.submit(encoder.embed_prepared, batch)))
+            collect(keep=2 * n_workers)  # bounded: a batch waiting per worker beside the one it runs
+        if force:
+            collect(keep=0)
+
+    # CPU with several workers: one intra-op thread each (decode threads' preprocessing included), so the
+    # threads in flight match the cores instead of workers x torch threads + decode threads
+    one_thread = 1 if encoder.device.type == "cpu" and n_workers > 1 else None
+    with intra_op_threads(one_thread), ThreadPoolExecutor(max(1, decode_threads)) as pool, \
+            ThreadPoolExecutor(n_workers) as encode_pool:
         todo = deque(rows)
         inflight = deque()
         done = 0

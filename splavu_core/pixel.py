@@ -133,7 +133,7 @@ class RenderedMasks(MaskSource):
         p = mask_path(video)
         if not p.is_file():
             raise PixelError(f"{p}: no person mask for this video. mask_source 'rendered' needs the masks the synthetic "
-                             f"renderer writes beside each video (`splavu synth` writes them); for other videos use "
+                             f"renderer writes beside each video (`splavu synth --out <data>` adds any missing, e.g. after `make demo`, which skips them); for other videos use "
                              f"mask_source 'hog'")
         try:
             masks = read_masks(p)

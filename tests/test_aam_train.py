@@ -178,3 +178,24 @@ def test_asset_trains_from_cached_latents_only(tiny_store, tmp_path):
     adapter, cfg, meta = load_adapter(d)
     assert meta["version"] == md["version"] and meta["encoder_fingerprint"] == json.loads((copy / "store.json").read_text())["encoder_fingerprint"]
     assert sum(p.numel() for p in adapter.parameters()) == md["parameters"]
+
+
+def test_default_adapter_fit_reads_no_static_clip_beyond_the_diagnostics(tiny_store):
+    """Why the demo extracts K = 4 static clips per training video, not 10: the default (keep) adapter is fitted
+    from utility labels; its weights are the same whether it sees 10 static clips per video, 4, or 2 (only the
+    pair-matching diagnostics, which draw 2 of K, read them). So the headline figures cannot depend on K."""
+    from splavu_core.aam.train import load_training_data
+    from splavu_core.store import FeatureStore
+
+    data = load_training_data(FeatureStore(tiny_store))
+    K = data.static.shape[1]
+    assert K >= 4
+    cfg = TrainConfig(diagnose_steps=5)  # the default adapter and fit; short diagnostics (not what is compared)
+    weights = []
+    for k in (K, 4, 2):
+        sub = TrainingData(**{**data.__dict__, "static": np.ascontiguousarray(data.static[:, :k])})
+        adapter, _, summary = train_aam(sub, cfg, log=None)
+        assert summary["keep"] is not None  # the default is the closed-form keep adapter
+        weights.append({n: t.clone() for n, t in adapter.state_dict().items()})
+    for w in weights[1:]:
+        assert w.keys() == weights[0].keys() and all(torch.equal(w[n], weights[0][n]) for n in w)

@@ -1,5 +1,7 @@
 """The `splavu` command line, run as a user would (in-process main())."""
 
+import pytest
+
 from pipeline.cli import main
 
 
@@ -84,3 +86,30 @@ def test_version_metrics_name_losses_as_losses():
                                               "pm_static_static": 0.2}}
     assert version_metrics(summary) == {"selected_epoch": 3, "lc_loss": 0.1, "ar_loss": 1.2, "total_loss": 2.0,
                                         "val_ar_top1": 0.6, "pm_static_static": 0.2}
+
+
+def test_demo_leaves_out_bias_and_gait_by_default_and_the_report_says_so(tmp_path):
+    """The default demo runs ar, privacy, tad, ad; --with / --full add the Bias-F/M and gait sets. What was left
+    out, and each stage's wall time, land in the report's cost section (not omitted silently)."""
+    from pipeline.cli import demo_datasets
+    from splavu_core import costs
+    from splavu_core.evaluation.report import costs_markdown
+    from splavu_core.store import FeatureStore, StoreError
+
+    names, left = demo_datasets(None)
+    assert names == ["ar", "privacy", "tad", "ad"] and set(left) == {"bias", "gait"}
+    names, left = demo_datasets("bias")
+    assert names == ["ar", "privacy", "tad", "ad", "bias_f", "bias_m"] and set(left) == {"gait"}
+    assert demo_datasets(None, full=True) == (["ar", "privacy", "tad", "ad", "bias_f", "bias_m", "gait"], {})
+    with pytest.raises(StoreError, match="unknown group"):
+        demo_datasets("bias,faces")
+
+    store = FeatureStore(tmp_path / "store")
+    costs.record_demo(store, {"install": None, "synth": 61.2, "extract": 120.0, "fit": 3.0, "publish": 20.0,
+                              "gates": 9.0, "evaluate": 50.0}, demo_datasets(None)[1])
+    c = costs.compare(store, "v0", [], {})
+    md = "\n".join(costs_markdown(c))
+    assert "| install | synth | extract | fit | publish | gates | evaluate | total |" in md
+    assert "| — | 61 | 120 | 3 | 20 | 9 | 50 | 263 |" in md
+    assert "**Not run in this demo: bias**" in md and "**Not run in this demo: gait**" in md
+    assert "install: not measured" in md

@@ -439,3 +439,15 @@ def test_the_environment_chooses_the_default_engine():
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"k8s": {}}
+
+
+def test_dask_workers_benchmark_runs_tiny(tiny_bench, tiny_videomae):
+    """benchmarks/dask_workers.py (its smoke test lives here: it starts a cluster of its own) prints its JSON."""
+    root, _ = tiny_bench
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "dask_workers.py"), "--data", str(root),
+                        "--datasets", "tad", "--shard-size", "20", "--checkpoint", str(tiny_videomae),
+                        "--configs", "1_worker_1_thread"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout[p.stdout.index("{"):])
+    run = out["configs"]["1_worker_1_thread"]
+    assert run["workers"] == 1 and run["clips_encoded"] > 0 and run["clips_per_s"] > 0

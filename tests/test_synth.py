@@ -212,3 +212,20 @@ def test_v2_same_seed_gives_identical_bytes_whatever_the_workers(tmp_path):
     assert len(files) == 2 * 90 + 2  # videos + masks, manifest, benchmark.json
     assert files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
     assert all((a / f).read_bytes() == (b / f).read_bytes() for f in files)
+
+
+def test_videos_without_masks_have_the_same_bytes_and_masks_come_later(tiny_bench, tmp_path):
+    """`make demo` renders videos only (the masks are ~45% of rendering, read only by pixel baselines with rendered
+    masks): the same bytes as with masks, and a later call with masks adds the masks without touching the videos."""
+    from splavu_core.masks import mask_path, read_masks
+
+    root, _ = tiny_bench
+    generate(tmp_path, "tiny", seed=0, workers=1, datasets=("tad",), masks=False, benchmark="v1")
+    vid = "videos/tad_00001.mp4"
+    assert (tmp_path / "tad" / vid).read_bytes() == (root / "tad" / vid).read_bytes()
+    assert (tmp_path / "tad" / "manifest.csv").read_bytes() == (root / "tad" / "manifest.csv").read_bytes()
+    assert not mask_path(tmp_path / "tad" / vid).exists()
+    mtime = (tmp_path / "tad" / vid).stat().st_mtime_ns
+    generate(tmp_path, "tiny", seed=0, workers=1, datasets=("tad",), benchmark="v1")
+    assert (tmp_path / "tad" / vid).stat().st_mtime_ns == mtime
+    assert np.array_equal(read_masks(mask_path(tmp_path / "tad" / vid)), read_masks(mask_path(root / "tad" / vid)))

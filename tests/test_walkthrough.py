@@ -8,6 +8,7 @@ import pytest
 
 from pipeline.cli import main
 from splavu_core.store import FeatureStore
+from splavu_core.sampling import ClipSampling
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -51,7 +52,7 @@ def test_readme_walkthrough(tiny_bench, tiny_videomae, tmp_path, capsys, monkeyp
     assert "roles: ar (action recognition); static clips" in ingests[0]
     assert "roles: privacy (privacy evaluation); no static clips" in ingests[1]
     static_clips = int(re.search(r"kitchen_actions-000 .* clips +\d+ \+ static +(\d+) ", by_cmd["extract"][1]).group(1))
-    assert static_clips == 10 * len(FeatureStore(store).read_shard("kitchen_actions-000").static) > 0
+    assert static_clips == ClipSampling.static_k * len(FeatureStore(store).read_shard("kitchen_actions-000").static) > 0
     assert re.search(r"staff_portraits-000 .* \+ static +0 ", by_cmd["extract"][1])
     train_line = by_cmd["train"][1].splitlines()[0]
     assert train_line.startswith("training on ar (kitchen_actions); without tad, ad")

@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ..costs import DEMO_STAGES
 from ..store import FeatureStore
 from .suite import REPORT_METRICS, UTILITY_KEYS, mean_utility_retention
 
@@ -242,7 +243,23 @@ def costs_markdown(costs: Mapping) -> list[str]:
                                                   for m in c["missing"]]))
     if missing:
         lines.append(f"Not recorded: {', '.join(missing[:8])}{' …' if len(missing) > 8 else ''}.")
-    return lines + [""]
+    return lines + [""] + demo_markdown(costs.get("demo"))
+
+
+def demo_markdown(demo: Mapping | None) -> list[str]:
+    """The last `splavu demo`'s wall time per stage, and the datasets it did not run (said, not left out silently)."""
+    if not demo:
+        return []
+    st = {k: demo["stages"].get(k) for k in DEMO_STAGES}  # the JSON file's keys are sorted: the pipeline's order here
+    known = [v for v in st.values() if v is not None]
+    lines = ["#### `make demo`, stage by stage (wall seconds)", "",
+             "| " + " | ".join(st) + " | total |", "|" + "---:|" * (len(st) + 1),
+             "| " + " | ".join("—" if v is None else f"{v:,.0f}" for v in st.values()) + f" | {sum(known):,.0f} |", ""]
+    if st.get("install") is None:
+        lines.append("install: not measured (the demo ran outside `make demo`).")
+    for group, why in demo.get("left_out", {}).items():
+        lines.append(f"**Not run in this demo: {group}** ({why}).")
+    return lines + ([""] if len(lines) > 5 else [])
 
 
 def report_markdown(report: dict, title: str = "Privacy–utility trade-off") -> str:

@@ -214,19 +214,21 @@ def render_plan(p: VideoPlan, with_masks: bool = False):
                   with_masks=with_masks)
 
 
-def _missing(p: VideoPlan, root: Path) -> bool:
-    return not (root / p.path).exists() or not mask_path(root / p.path).exists()
+def _missing(p: VideoPlan, root: Path, masks: bool = True) -> bool:
+    return not (root / p.path).exists() or (masks and not mask_path(root / p.path).exists())
 
 
 def _write_one(args):
-    """Video and its true person masks (<stem>.mask.npz, the pixel baselines' person region)."""
-    p, root = args
+    """Video and (masks=True) its true person masks (<stem>.mask.npz, the pixel baselines' person region).
+    The video's bytes do not depend on whether masks are drawn (the silhouette is drawn beside the frame)."""
+    p, root, masks = args
     from ..video import write_mp4
 
-    frames, masks = render_plan(p, with_masks=True)
+    frames, person = render_plan(p, with_masks=True) if masks else (render_plan(p), None)
     if not (root / p.path).exists():
         write_mp4(root / p.path, frames, FPS)
-    write_masks(mask_path(root / p.path), masks)
+    if masks:
+        write_masks(mask_path(root / p.path), person)
     return p.video_id
 
 
@@ -258,9 +260,11 @@ def _check_stamp(root: Path, want: dict) -> None:
 
 
 def generate(out: str | os.PathLike, scale: str = "demo", seed: int = 0, workers: int | None = None,
-             datasets=DATASETS, progress=None, benchmark: str = DEFAULT_BENCHMARK) -> dict[str, dict]:
+             datasets=DATASETS, progress=None, benchmark: str = DEFAULT_BENCHMARK,
+             masks: bool = True) -> dict[str, dict]:
     """Write each dataset to `out/<name>/` (videos, their person masks, manifest.csv, benchmark.json).
-    Returns a summary per dataset.
+    Returns a summary per dataset. masks=False: videos only (drawing the silhouettes is ~45% of rendering and only
+    the pixel baselines' `rendered` masks read them; a later call with masks=True adds the missing ones).
 
     Existing videos are kept (same benchmark and seed, same bytes); only what is missing is rendered. A
     folder stamped with another benchmark, scale or seed is refused rather than mixed."""
@@ -276,7 +280,11 @@ def generate(out: str | os.PathLike, scale: str = "demo", seed: int = 0, workers
         root = out / name
         (root / "videos").mkdir(parents=True, exist_ok=True)
         (root / STAMP).write_text(json.dumps(want) + "\n")
-        jobs += [(p, root) for p in plans[name] if _missing(p, root)]
+        jobs += [(p, root, masks) for p in plans[name] if _missing(p, root, masks)]
+    # longest videos first: the pool's last chunks are then short ones (measured: the demo's long AD videos,
+    # planned last, left one worker rendering alone for the final ~90 s); each video has its own generator,
+    # so the order changes no byte
+    jobs.sort(key=lambda j: -j[0].n_frames)
     if workers > 1 and len(jobs) > 8:
         with ProcessPoolExecutor(workers) as ex:
             done = ex.map(_write_one, jobs, chunksize=4)

@@ -1,0 +1,138 @@
+"""Every script in benchmarks/ runs, at tiny sizes, and prints the JSON its README figures come from.
+
+Each runs as `python benchmarks/<name>.py` in a subprocess (as a user runs it), on the session's tiny benchmark and
+store (tiny random VideoMAE) where it reads one; only its exit status and the keys of its JSON are checked: the
+figures themselves mean nothing at these sizes. A benchmark that breaks (benchmarks/publish.py once crashed on a
+renamed helper and nobody saw) fails here.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def last_json(stdout: str):
+    """The JSON objects a benchmark printed (indented or one per line), after any plain lines: the last one, or
+    the list of them when it printed several."""
+    dec, found, pos = json.JSONDecoder(), [], 0
+    for m in re.finditer(r"(?m)^\{", stdout):
+        if m.start() < pos:
+            continue
+        obj, pos = dec.raw_decode(stdout, m.start())
+        found.append(obj)
+    assert found, f"no JSON in the output:\n{stdout[-2000:]}"
+    return found[-1] if len(found) == 1 else found
+
+
+def run_bench(name: str, *args, timeout: int = 240):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / f"{name}.py"), *map(str, args)], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, f"{name} failed (rc {p.returncode}):\n{p.stderr[-3000:]}"
+    return last_json(p.stdout)
+
+
+@pytest.fixture(scope="module")
+def store_copy(tiny_store, tmp_path_factory):
+    """A copy of the session's tiny store: some benchmarks write reports into the store they read."""
+    import shutil
+
+    dst = tmp_path_factory.mktemp("bench_store") / "store"
+    shutil.copytree(tiny_store, dst)
+    return dst
+
+
+def test_extract(tiny_bench, tiny_videomae):
+    root, _ = tiny_bench
+    out = run_bench("extract", "--data", root / "tad", "--videos", 2, "--checkpoint", tiny_videomae, "--static-k", 2)
+    assert set(out["clips_per_s"]) == {"bare_forward", "bare_forward_workers", "encoder_only", "end_to_end", "naive"}
+    assert out["clips"] > 0 and out["clips_end_to_end"] > out["clips"] and out["static_k"] == 2
+    for k in ("ratio_end_to_end_vs_bare_forward", "ratio_end_to_end_vs_naive", "cpu_ratio_end_to_end_vs_bare_forward"):
+        assert out[k] > 0
+
+
+def test_publish():
+    out = run_bench("publish", "--clips", 800, "--rows-meta", 2000, "--repeats", 1, "--query-runs", 1)
+    assert out["ratio_anonymize_vs_parquet_only"] > 0 and set(out["clips_per_s"]) == {"anonymize", "parquet_only"}
+    assert {"metadata_aggregate", "cosine_top10", "neighbors"} <= set(out["duckdb_ms"])
+    assert "warm_connection_ms" in out["duckdb_ms"]["metadata_aggregate"]
+
+
+def test_neighbors():
+    out = run_bench("neighbors", "--clips", 4000, "--dim", 16, "--shards", 2, "--runs", 2, "--queries", 2,
+                    "--nprobe", 2, "--nlist", 8)
+    assert out["same_answer"] is True and out["clips"] == 4000
+    assert [a["nprobe"] for a in out["approximate"]] == [2] and "exact_warm_ms" in out
+
+
+def test_train_aam(store_copy):
+    out = run_bench("train_aam", "--store", store_copy, "--epochs", 1, "--clips", 24)
+    assert out["cached"]["seconds_end_to_end"] > 0 and out["encoder_in_loop"]["subset_adapter_step_s"] > 0
+    assert out["ratio_encoder_in_loop_vs_cached_epoch"] > 0 and out["data"]["static_per_video"] >= 2
+
+
+def test_encoder_quality(tiny_bench, tiny_videomae, store_copy):
+    root, _ = tiny_bench
+    out = run_bench("encoder_quality", "--data", root, "--checkpoint", tiny_videomae, "--store", store_copy)
+    for k in ("ar_top1", "ar_chance", "privacy_cmap", "privacy_chance_cmap", "gait_top1"):
+        assert isinstance(out[k], float), k
+
+
+def test_attribute_visibility(tiny_bench):
+    root, _ = tiny_bench
+    out = run_bench("attribute_visibility", "--data", root / "privacy", "--epochs", 1)
+    assert 0 <= out["cmap"] <= 1 and isinstance(out["all_visible"], bool) and out["attributes"]
+
+
+@pytest.fixture(scope="module")
+def tiny_v2_ar(tmp_path_factory):
+    """action_visibility reads v2's interaction classes (the session's tiny benchmark is v1), with the masks."""
+    from splavu_core.synth.datasets import generate
+
+    out = tmp_path_factory.mktemp("bench_v2")
+    generate(out, "tiny", seed=0, workers=2, datasets=("ar",))
+    return out / "ar"
+
+
+def test_action_visibility(tiny_v2_ar):
+    out = run_bench("action_visibility", "--data", tiny_v2_ar, "--epochs", 1, "--side", 16)
+    assert {"raw", "pixel_blacken"} <= set(out) and out["n_test"] > 0 and out["epochs"] == 1
+
+
+def test_pixel_baselines(tiny_bench, tiny_videomae):
+    root, _ = tiny_bench
+    out = run_bench("pixel_baselines", "--data", root / "ar", "--videos", 2, "--checkpoint", tiny_videomae,
+                    "--baselines", "blur", "--repeats", 1)
+    assert {"raw", "raw_clips_only", "pixel_blur", "anonymize"} <= set(out["clips_per_s"])
+    assert out["raw"]["clips"] > 0 and "pixel_blur" in out["change_ratio"]
+
+
+def test_erasure_sweep(store_copy):
+    out = run_bench("erasure_sweep", "--store", store_copy, "--ranks", 8, "--tasks", "ar")  # ar: its cheapest probe
+    assert {"raw", "raw_pair_matching", "erased"} <= set(out)
+    assert [e["rank"] for e in out["erased"]] == [8] and out["erased"][0]["ar"] is not None
+
+
+def test_keep_sweep(store_copy):
+    out = run_bench("keep_sweep", "--store", store_copy, "--k", 4, "--seeds", 0)
+    curve = out[-1] if isinstance(out, list) else out
+    assert {"chosen_k", "budget", "split"} <= set(curve) and curve["split"] == "val"
+
+
+def test_probe_stability(store_copy):
+    out = run_bench("probe_stability", "--store", store_copy, "--tasks", "ar", "--seeds", 2)
+    assert list(out["tasks"]) == ["ar"] and len(out["tasks"]["ar"]["per_seed"]) == 2
+    assert out["tasks"]["ar"]["ci_low"] <= out["tasks"]["ar"]["value"] <= out["tasks"]["ar"]["ci_high"]
+
+
+def test_every_benchmark_has_a_smoke_test():
+    """A new script in benchmarks/ needs its test here (dask_workers: tests/test_cluster.py, it starts a cluster)."""
+    names = {p.stem for p in (REPO / "benchmarks").glob("*.py")}
+    here = {n[len("test_"):] for n in globals() if n.startswith("test_")} | {"dask_workers"}
+    assert names <= here, f"benchmarks without a smoke test: {sorted(names - here)}"
