@@ -132,7 +132,8 @@ def test_probe_stability(store_copy):
 
 
 def test_every_benchmark_has_a_smoke_test():
-    """A new script in benchmarks/ needs its test here (dask_workers: tests/test_cluster.py, it starts a cluster)."""
+    """A new script in benchmarks/ needs its test here (dask_workers: tests/test_cluster.py, it starts a cluster;
+    forget: tests/test_forget.py, beside the erasure it measures)."""
     names = {p.stem for p in (REPO / "benchmarks").glob("*.py")}
-    here = {n[len("test_"):] for n in globals() if n.startswith("test_")} | {"dask_workers"}
+    here = {n[len("test_"):] for n in globals() if n.startswith("test_")} | {"dask_workers", "forget"}
     assert names <= here, f"benchmarks without a smoke test: {sorted(names - here)}"
