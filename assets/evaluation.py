@@ -23,10 +23,9 @@ from splavu_core.evaluation import trivial
 from splavu_core.evaluation.scoring import score_sets
 from splavu_core.evaluation.suite import (DEFAULT_DATASETS, RAW, UTILITY_KEYS, build_report, load_feature_sets,
                                           newest_version, read_metric_rows, write_metric_rows)
-from splavu_core.evaluation.suite import DEFAULT_PRIVACY_BUDGET, PRIVACY_BUDGET_ENV
 from splavu_core.gates import evaluate_gates, privacy_measure_view, seen_tasks
-from splavu_core.ledger import (DEFAULT_UTILITY_GATE, UTILITY_GATE_ENV, privacy_threshold, record_verdict,
-                                utility_fraction)
+from splavu_core.ledger import (DEFAULT_PRIVACY_BUDGET, DEFAULT_UTILITY_GATE, PRIVACY_BUDGET_ENV, UTILITY_GATE_ENV,
+                                privacy_threshold, record_verdict, utility_fraction)
 from splavu_core import costs
 from splavu_core.baselines import eval_shards, existing_baselines, stale_shards
 from splavu_core.publish import current_version

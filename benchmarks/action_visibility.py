@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from splavu_core.evaluation.probes import top1_among  # noqa: E402
+from splavu_core.evaluation.protocols import top1_among  # noqa: E402
 from splavu_core.manifest import load_manifest  # noqa: E402
 from splavu_core.pixel import PixelAnonymizer  # noqa: E402
 from splavu_core.synth.figure import INTERACTIONS  # noqa: E402

@@ -23,7 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from splavu_core.encoders.vfm import DEMO_CHECKPOINT, load_encoder  # noqa: E402
-from splavu_core.evaluation.probes import action_recognition, gait_retrieval, privacy_attack, top1_among  # noqa: E402
+from splavu_core.evaluation.protocols import action_recognition, gait_retrieval, privacy_attack, top1_among  # noqa: E402
+from splavu_core.evaluation.scoring import _usable_attributes  # noqa: E402
 from splavu_core.extract import extract_shard  # noqa: E402
 from splavu_core.features import VideoFeatures  # noqa: E402
 from splavu_core.manifest import load_manifest  # noqa: E402
@@ -74,10 +75,13 @@ def main(argv=None):
         priv = features(priv_m, enc, s)
         gait = features(load_manifest(gait_m), enc, s) if gait_m.exists() else []
     secs = time.perf_counter() - t0
-    res_ar = action_recognition([v for v in ar if v.split == "train"], [v for v in ar if v.split == "test"])
-    res_p = privacy_attack([v for v in priv if v.split == "train"], [v for v in priv if v.split == "test"],
-                           list(priv_m.attributes))
-    chance, cmap = res_p["chance_cmap"], res_p["cmap"]
+    sc_ar = action_recognition([v for v in ar if v.split == "train"], [v for v in ar if v.split == "test"], seeds=[0])
+    classes = sc_ar.details["classes"]
+    res_ar = {"top1": sc_ar.metrics["top1"](0, None), "classes": classes,
+              "pred": [classes[i] for i in sc_ar.details["pred"][0]], "true": [classes[i] for i in sc_ar.details["true"]]}
+    p_train, p_test = [v for v in priv if v.split == "train"], [v for v in priv if v.split == "test"]
+    res_p = privacy_attack(p_train, p_test, _usable_attributes(p_train, p_test, list(priv_m.attributes)), seeds=[0])
+    chance, cmap = res_p.chance["cmap"], res_p.metrics["cmap"](0, None)
     motion = [c for c in res_ar["classes"] if c not in INTERACTIONS]
     inter = top1_among(res_ar["pred"], res_ar["true"], INTERACTIONS)
     groups = {"ar_top1_interaction": round(inter, 4),
@@ -86,7 +90,7 @@ def main(argv=None):
     if gait:
         subj = np.array([v.meta["subject_id"] for v in gait], dtype=object)
         same = np.array([(subj == x).sum() - 1 for x in subj])
-        gait_out = {"gait_top1": round(gait_retrieval(gait)["top1"], 4),
+        gait_out = {"gait_top1": round(gait_retrieval(gait).metrics["top1"](0, None), 4),
                     "gait_chance_top1": round(float((same / (len(gait) - 1)).mean()), 4)}
     result = {
         "benchmark": "encoder_quality", "encoder": enc.source, "fingerprint": enc.fingerprint(s),
@@ -94,7 +98,8 @@ def main(argv=None):
         **groups, **gait_out,
         "privacy_cmap": round(cmap, 4), "privacy_chance_cmap": round(chance, 4),
         "privacy_share_of_distance_to_1": round((cmap - chance) / (1 - chance), 4),
-        "privacy_branches": {"raw": round(res_p["raw"]["cmap"], 4), "standardised": round(res_p["standardised"]["cmap"], 4)},
+        "privacy_strongest": res_p.details["strongest"],
+        "privacy_attackers": {k: round(v, 4) for k, v in res_p.details["attacker_cmap"].items()},
         "targets": {"ar_top1": 0.85, "privacy_share_of_distance_to_1": 0.5},
         "extract_seconds": round(secs, 1),
     }

@@ -4,8 +4,9 @@
 
 No adapter training: the erasure is fitted on the training videos' static clips (and the AR classes'
 spread, which it keeps), exactly as `aam_model` fits its first stage, then the store's evaluation sets are
-erased in memory and scored with the evaluation suite's probes (fresh attackers, the stronger of raw and
-standardised; AR/TAD/AD heads). Fresh-critic pair matching on held-out training videos is reported beside it.
+erased in memory and scored like the report (scoring.score_sets: the attacker suite's strongest member, 5 probe
+seeds + a bootstrap, every change paired with raw). Fresh-critic pair matching on held-out training videos is
+reported beside it.
 """
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from splavu_core.aam.diagnostics import heldout_split, pair_matching_report  # noqa: E402
 from splavu_core.aam.erasure import apply_erasure  # noqa: E402
 from splavu_core.aam.train import fit_appearance_erasure, load_training_data  # noqa: E402
-from splavu_core.evaluation.suite import (RAW, derived_rows, evaluate_feature_set, load_feature_sets,  # noqa: E402
-                                          metric_value)
+from splavu_core.evaluation.scoring import score_sets  # noqa: E402
+from splavu_core.evaluation.suite import RAW, load_feature_sets, metric_value  # noqa: E402
+from splavu_core.roles import task_datasets  # noqa: E402
 from splavu_core.store import FeatureStore  # noqa: E402
 
 KEYS = {"privacy": "cmap", "clip_privacy": "cmap", "ar": "top1", "tad": "mAP", "ad": "auc"}
@@ -42,14 +44,16 @@ def main():
     ap.add_argument("--ranks", type=int, nargs="+", default=[48, 96])
     ap.add_argument("--w-temporal", type=float, nargs="+", default=[0.0])
     ap.add_argument("--tasks", nargs="+", default=list(KEYS))
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="the held-out split of the pair matching")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="probe seeds")
     args = ap.parse_args()
     fs = FeatureStore(args.store)
     data = load_training_data(fs)
     fit_idx, held_idx = heldout_split(len(data.static), 0.2, args.seed)
-    sets = load_feature_sets(fs, args.tasks, "raw")
-    kw = {t: {"seed": args.seed} for t in ("ar", "tad", "ad", "privacy")}
-    raw_rows = evaluate_feature_set(sets, RAW, None, which=args.tasks, probe_kwargs=kw)
+    ds = task_datasets(fs)
+    sets = load_feature_sets(fs, args.tasks, "raw", datasets=ds)
+    ref: dict = {}  # raw is scored once, reused for every rank
+    raw_rows = [r for r in score_sets({RAW: sets}, args.tasks, ds, seeds=args.seeds, reference_cache=ref)]
     result = {"store": str(fs.root), "raw": scores(raw_rows),
               "raw_pair_matching": pair_matching_report(data.static, data.static_actions, fit_idx, held_idx),
               "erased": []}
@@ -58,8 +62,9 @@ def main():
             t0 = time.perf_counter()
             fit = fit_appearance_erasure(data, fit_idx, rank, w_temporal=wt)
             erased = {d: [dataclasses.replace(v, feats=apply_erasure(fit, v.feats)) for v in vs] for d, vs in sets.items()}
-            rows = evaluate_feature_set(erased, f"erasure_{rank}", None, which=args.tasks, probe_kwargs=kw)
-            rows = list(rows) + derived_rows(raw_rows, rows)
+            name = f"erasure_{rank}"
+            rows = [r for r in score_sets({RAW: sets, name: erased}, args.tasks, ds, seeds=args.seeds,
+                                          reference_cache=ref) if r["feature_set"] == name]
             pm = pair_matching_report(data.static, data.static_actions, fit_idx, held_idx,
                                       transform=lambda x: apply_erasure(fit, x))
             result["erased"].append({"rank": rank, "w_temporal": wt, **scores(rows), "pair_matching": pm,

@@ -1,10 +1,9 @@
 """Spread of each evaluation protocol across probe seeds on a store's RAW latents (issue 19).
 
-    python benchmarks/probe_stability.py --store store [--old] [--tasks ar tad ad privacy] [--seeds 5]
+    python benchmarks/probe_stability.py --store store [--tasks ar tad ad privacy] [--seeds 5]
 
---old also runs the previous protocols (splavu_core.evaluation.probes: AR Adam probe, TAD head in mini-batches,
-AD MIL head) with seeds 0..S-1. Prints, per task and protocol, the per-seed values, their sd, the 95% interval of
-the new protocol (seeds + bootstrap over test videos), and the wall time.
+Prints, per task, the per-seed values, their sd, the 95% interval (seeds + bootstrap over test videos), and the wall
+time. (The single-seed probes it once compared against, evaluation/probes.py, are gone: one evaluation stack.)
 """
 from __future__ import annotations
 
@@ -18,27 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from splavu_core.evaluation import protocols as P, stats  # noqa: E402
+from splavu_core.evaluation import stats  # noqa: E402
 from splavu_core.evaluation.scoring import run_task  # noqa: E402
 from splavu_core.evaluation.suite import load_feature_sets  # noqa: E402
-from splavu_core.features import split_of  # noqa: E402
 from splavu_core.roles import task_datasets  # noqa: E402
 from splavu_core.store import FeatureStore  # noqa: E402
-
-
-def old(task, videos, seed):
-    from splavu_core.evaluation import probes
-
-    tr, te = split_of(videos, "train"), split_of(videos, "test")
-    if task == "ar":
-        return probes.action_recognition(tr, te, seed=seed)["top1"]
-    if task == "tad":
-        classes = sorted({s[2] for v in tr + te for s in (v.meta.get("segments") or [])})
-        return probes.temporal_detection(tr, te, classes=classes, seed=seed)["mAP"]
-    if task == "ad":
-        return probes.anomaly_detection(tr, te, seed=seed)["auc"]
-    attrs = sorted({k for v in videos for k in v.meta if k.startswith("attr_") and v.meta[k] is not None})
-    return probes.privacy_attack(tr, te, attributes=attrs, seed=seed)["cmap"]
 
 
 HEAD = {"ar": "top1", "tad": "mAP", "ad": "auc", "privacy": "cmap", "clip_privacy": "cmap"}
@@ -50,7 +33,6 @@ def main():
     ap.add_argument("--tasks", nargs="*", default=["ar", "tad", "ad", "privacy"])
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--split", default="test")
-    ap.add_argument("--old", action="store_true")
     a = ap.parse_args()
     store = FeatureStore(a.store)
     ds = task_datasets(store)
@@ -58,18 +40,13 @@ def main():
     result = {"benchmark": "probe_stability", "store": str(store.root), "split": a.split, "seeds": a.seeds, "tasks": {}}
     for task in a.tasks:
         videos = feats[ds[task]]
-        if a.old:
-            t0 = time.perf_counter()
-            vals = [old(task, videos, s) for s in range(a.seeds)]
-            print(f"{task:8s} old  seeds {np.round(vals, 3).tolist()} mean {np.mean(vals):.4f} sd {np.std(vals, ddof=1):.4f} "
-                  f"[{time.perf_counter() - t0:.1f} s]", flush=True)
         t0 = time.perf_counter()
         sc, why = run_task(task, videos, a.split, list(range(a.seeds)))
         t1 = time.perf_counter()
         m = HEAD[task]
         vals = [sc.metrics[m](s, None) for s in range(sc.n_seeds)]
         st = stats.interval(sc.metrics[m], sc.n_seeds, sc.n_test)
-        print(f"{task:8s} new  seeds {np.round(vals, 4).tolist()} mean {st['value']:.4f} sd {st['sd']:.4f} "
+        print(f"{task:8s} seeds {np.round(vals, 4).tolist()} mean {st['value']:.4f} sd {st['sd']:.4f} "
               f"95% CI [{st['ci_low']:.4f}, {st['ci_high']:.4f}] chance {sc.chance[m]} "
               f"[fit {t1 - t0:.1f} s, interval {time.perf_counter() - t1:.1f} s]", flush=True)
         result["tasks"][task] = {"metric": m, "per_seed": [float(v) for v in vals], "sd": st["sd"], "value": st["value"],

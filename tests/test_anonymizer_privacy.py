@@ -10,7 +10,7 @@ import torch
 
 from splavu_core.aam.diagnostics import heldout_split, pair_matching_report
 from splavu_core.aam.erasure import apply_erasure, fit_erasure
-from splavu_core.evaluation import suite
+from splavu_core import ledger
 from splavu_core.store import FeatureStore
 
 SMALL = dict(epochs=3, batch=64, pretrain_head_epochs=2, lr=3e-3, tasks=("ar",),
@@ -122,16 +122,18 @@ def test_oracle_is_refused_by_publish_and_promotion(store_copy):
     record_version(fs, version, {"encoder_fingerprint": fp, "config": acfg.to_dict()}, make_current=False)
     with pytest.raises(PublishError, match="oracle"):
         anonymize_shard(fs, "ar-000", fs.root / "aam" / version)
-    ok, why = suite.passes_privacy_budget(fs, version, threshold=-1.0)
+    from splavu_core.gates import evaluate_gates
+
+    ok, why = evaluate_gates(fs, version, privacy_threshold=-1.0, record=False)["privacy"]
     assert not ok and "oracle" in why
 
 
 def test_budget_gates_on_the_weaker_of_closeups_and_action_clips():
     closeups = {"leakage_removed": 0.8, "raw_cmap": 0.9, "anonymized_cmap": 0.58, "chance_cmap": 0.5}
     clips = {"leakage_removed": 0.3, "raw_cmap": 0.8, "anonymized_cmap": 0.71, "chance_cmap": 0.5}
-    ok, why = suite.budget_verdict({**clips, "closeups": closeups, "clips": clips}, 0.5)
+    ok, why = ledger.budget_verdict({**clips, "closeups": closeups, "clips": clips}, 0.5)
     assert not ok and "closeups: leakage removed 0.800 >= budget 0.5" in why and "clips: leakage removed 0.300 < " in why
-    ok, why = suite.budget_verdict({**closeups, "closeups": closeups, "clips": {"skipped": "no attr_* labels"}}, 0.5)
+    ok, why = ledger.budget_verdict({**closeups, "closeups": closeups, "clips": {"skipped": "no attr_* labels"}}, 0.5)
     assert ok and "action clips not measured (no attr_* labels)" in why
 
 

@@ -44,17 +44,18 @@ def test_ingest_then_extract_in_one_command_without_dagster_home(tiny_bench, tin
 
 
 def test_evaluate_says_each_skipped_task_once(tmp_path):
-    """The skipped tasks of a store with no gait/ad data, as evaluate_feature_set reports them for raw and splavu:
-    one line for every task without a dataset (it used to be one line per task and feature set)."""
+    """The skipped tasks of a store with no data, as the evaluation (scoring.score_sets, what `evaluate` runs)
+    reports them for raw and splavu: one line for every task without a dataset (not one per task and feature set)."""
     from pipeline.cli import skip_lines
-    from splavu_core.evaluation.suite import TASKS, evaluate_feature_set
+    from splavu_core.evaluation.scoring import score_sets
+    from splavu_core.evaluation.suite import TASKS
     from splavu_core.roles import task_datasets
     from splavu_core.store import FeatureStore
 
     datasets = task_datasets(FeatureStore(tmp_path))  # nothing registered: every task lacks its dataset
-    raw = evaluate_feature_set({}, "raw", None, which=TASKS, datasets=datasets).skipped
-    anon = evaluate_feature_set({}, "splavu", "v1", which=TASKS, datasets=datasets).skipped
-    lines = skip_lines({**raw, **{f"splavu:{k}": v for k, v in anon.items()}})
+    res = score_sets({"raw": {}, "splavu": {}}, TASKS, datasets)
+    assert list(res) == [] and set(res.skipped) == set(TASKS) | {f"splavu:{t}" for t in TASKS}
+    lines = skip_lines(res.skipped)
     assert lines == [f"skipped {', '.join(sorted(TASKS))}: no dataset is registered with those roles "
                      f"(splavu ingest NAME MANIFEST --roles ROLE)"]
     assert skip_lines({"gait": "dataset 'walks': one walk per subject", "splavu:gait": "dataset 'walks': one walk "

@@ -1,12 +1,12 @@
-"""Heads, losses and the evaluation probes on small synthetic features (CPU, seconds)."""
+"""Heads, losses and the evaluation protocols on small synthetic features (CPU, seconds)."""
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from splavu_core.evaluation.probes import (action_recognition, anomaly_detection, bias, eval_clip_indices,
-                                           gait_retrieval, privacy_attack, temporal_detection)
+from splavu_core.evaluation.protocols import (action_recognition, anomaly_detection, bias, eval_clip_indices,
+                                              gait_retrieval, privacy_attack, temporal_detection)
 from splavu_core.features import VideoFeatures
 from splavu_core.heads import (ADHead, ARHead, TADHead, ad_mil_loss, ad_segments, pad_sequences,
                                sigmoid_focal_loss, stack_tad_targets, tad_decode, tad_loss, tad_targets)
@@ -171,19 +171,24 @@ def test_eval_clip_indices():
     np.testing.assert_array_equal(eval_clip_indices(1), [0])
 
 
+def _value(scored, metric, seed=0):
+    return scored.metrics[metric](seed, None)
+
+
 def test_action_recognition_separable_and_random_labels():
     rng = np.random.default_rng(0)
     means = rng.normal(size=(4, 16)) * 1.5
     train, test = clusters(160, 4, 16, rng, "train", means=means), clusters(80, 4, 16, rng, "test", means=means)
-    out = action_recognition(train + test)          # split by v.split
-    assert out["top1"] > 0.9
-    assert len(out["pred"]) == len(test) and out["video_ids"][0] == "test0"
+    out = action_recognition(train, test, seeds=[0, 1])
+    assert _value(out, "top1") > 0.9
+    assert out.details["pred"].shape == (2, len(test)) and out.test_ids[0] == "test0"
 
     noise = [make_video(f"r{i}", rng.normal(size=(3, 16)), "train" if i < 200 else "test", action=f"c{rng.integers(5)}")
              for i in range(400)]
-    first = action_recognition(noise)
-    assert first["top1"] < 0.35                            # chance 0.2
-    assert action_recognition(noise) == first              # seeded: same predictions every run
+    tr, te = [v for v in noise if v.split == "train"], [v for v in noise if v.split == "test"]
+    first = action_recognition(tr, te, seeds=[0])
+    assert _value(first, "top1") < 0.35                                        # chance 0.2
+    assert (action_recognition(tr, te, seeds=[0]).details["pred"] == first.details["pred"]).all()  # seeded
 
 
 def test_bias_reports_groups_and_gap():
@@ -193,10 +198,10 @@ def test_bias_reports_groups_and_gap():
     test = clusters(60, 3, 8, rng, "test", means=means)
     for i, v in enumerate(train + test):
         v.meta["group"] = "fm"[i % 2]
-    out = bias(train, test)
-    assert set(out) == {"top1", "acc_f", "acc_m", "gap"}
-    assert out["gap"] == pytest.approx(abs(out["acc_f"] - out["acc_m"]))
-    assert out["top1"] > 0.9
+    out = bias(train, test, seeds=[0])
+    assert set(out.metrics) == {"top1", "acc_f", "acc_m", "gap"}
+    assert _value(out, "gap") == pytest.approx(abs(_value(out, "acc_f") - _value(out, "acc_m")))
+    assert _value(out, "top1") > 0.9
 
 
 def _private(n, split, rng, W, scale):
@@ -209,20 +214,20 @@ def _private(n, split, rng, W, scale):
 
 
 def test_privacy_attack_scale_cannot_pass_for_privacy():
+    """Shrinking the features 10,000-fold hides nothing from any attacker of the suite (each standardises, or is
+    a tree ensemble that only reads the order of values)."""
     W = np.random.default_rng(2).normal(size=(3, 16))
-    attack = dict(attributes=["0", "1", "2"], epochs=15, batch_size=64)
     outs = {}
     for scale in (1.0, 1e-4):
         rng = np.random.default_rng(0)  # same videos, only the scale differs
         train, test = _private(120, "train", rng, W, scale), _private(60, "test", rng, W, scale)
-        outs[scale] = privacy_attack(train, test, **attack)
-    tiny = outs[1e-4]
-    assert tiny["standardised"]["cmap"] >= tiny["raw"]["cmap"]        # the unscaled attacker under-rates leakage
-    assert tiny["cmap"] == max(tiny["raw"]["cmap"], tiny["standardised"]["cmap"]) and tiny["branch"] == "standardised"
-    assert tiny["standardised"]["cmap"] == pytest.approx(outs[1.0]["standardised"]["cmap"], abs=1e-3)
-    assert tiny["cmap"] == pytest.approx(outs[1.0]["cmap"], abs=0.02)  # shrinking the features hides nothing
-    assert tiny["cmap"] > tiny["chance_cmap"] + 0.3
-    assert 0 <= tiny["f1"] <= 1 and tiny["f1"] == tiny["standardised"]["f1"]
+        outs[scale] = privacy_attack(train, test, ["0", "1", "2"], seeds=[0], epochs=15, batch_size=64)
+    tiny, full = outs[1e-4], outs[1.0]
+    for name in ("mlp", "linear", "gbdt", "knn"):
+        assert tiny.details["attacker_cmap"][name] == pytest.approx(full.details["attacker_cmap"][name], abs=0.02), name
+    assert _value(tiny, "cmap") == pytest.approx(_value(full, "cmap"), abs=0.02)
+    assert _value(tiny, "cmap") > tiny.chance["cmap"] + 0.3
+    assert 0 <= _value(tiny, "f1") <= 1
 
 
 def test_gait_retrieval_separated_subjects():
@@ -230,9 +235,9 @@ def test_gait_retrieval_separated_subjects():
     centres = rng.normal(size=(5, 12)) * 5
     walks = [make_video(f"s{s}w{w}", centres[s] + 0.3 * rng.normal(size=(4, 12)), subject_id=f"s{s}")
              for s in range(5) for w in range(3)]
-    assert gait_retrieval(walks)["top1"] == 1.0
+    assert _value(gait_retrieval(walks), "top1") == 1.0
     shuffled = [make_video(v.video_id, v.feats, subject_id=f"s{i % 5}") for i, v in enumerate(walks)]
-    assert gait_retrieval(shuffled)["top1"] < 0.5    # wrong identities cannot be retrieved
+    assert _value(gait_retrieval(shuffled), "top1") < 0.5    # wrong identities cannot be retrieved
 
 
 def _tad_videos(n, split, rng, means):
@@ -258,10 +263,10 @@ def test_temporal_detection_learns_easy_segments():
     rng = np.random.default_rng(4)
     means = rng.normal(size=(2, 8)) * 3
     train, test = _tad_videos(60, "train", rng, means), _tad_videos(20, "test", rng, means)
-    out = temporal_detection(train, test, classes=["c0", "c1"], epochs=40)
-    assert set(out) == {"mAP", "mAP@0.3", "mAP@0.4", "mAP@0.5", "mAP@0.6", "mAP@0.7"}
-    assert out["mAP@0.3"] >= out["mAP@0.7"]
-    assert out["mAP"] > 0.5
+    out = temporal_detection(train, test, classes=["c0", "c1"], seeds=[0])
+    assert set(out.metrics) == {"mAP", "mAP@0.3", "mAP@0.4", "mAP@0.5", "mAP@0.6", "mAP@0.7"}
+    assert _value(out, "mAP@0.3") >= _value(out, "mAP@0.7")
+    assert _value(out, "mAP") > 0.5
 
 
 def _ad_videos(n, split, rng, direction):
@@ -283,5 +288,5 @@ def test_anomaly_detection_learns_from_video_labels_only():
     rng = np.random.default_rng(5)
     direction = rng.normal(size=8) * 1.5
     train, test = _ad_videos(60, "train", rng, direction), _ad_videos(30, "test", rng, direction)
-    out = anomaly_detection(train, test, epochs=30)
-    assert out["auc"] > 0.9
+    out = anomaly_detection(train, test, seeds=[0])
+    assert _value(out, "auc") > 0.9

@@ -102,7 +102,8 @@ def test_a_keep_adapter_publishes_k_wide_tables_end_to_end(tiny_store, tmp_path,
     from pipeline.resources import StoreResource
     from splavu_core.analyst import query
     from splavu_core.catalog import build_catalog
-    from splavu_core.evaluation.suite import evaluate_feature_set, load_feature_sets
+    from splavu_core.evaluation.scoring import score_sets
+    from splavu_core.evaluation.suite import load_feature_sets
     from splavu_core.publish import anonymize_shard, load_video_features, read_versions, set_current
 
     root = tmp_path / "store"
@@ -123,7 +124,7 @@ def test_a_keep_adapter_publishes_k_wide_tables_end_to_end(tiny_store, tmp_path,
     assert videos and all(v.feats.shape[1] == 4 for v in videos)
     assert version in read_versions(fs)["version"].to_pylist()
     raw = load_feature_sets(fs, ["ar"], "raw")
-    rows = evaluate_feature_set({"ar": videos}, "keep", version, which=["ar"], probe_kwargs={"ar": {"epochs": 5}})
+    rows = score_sets({"keep": {"ar": videos}}, ["ar"], {"ar": "ar"}, seeds=[0], versions={"keep": version})
     assert any(r["metric"] == "top1" for r in rows) and raw["ar"][0].feats.shape[1] > 4
 
     # the store's validation curve: which width the gates' rules allow, and whether the current version has it

@@ -5,7 +5,7 @@ from sklearn.metrics import average_precision_score, f1_score, roc_auc_score
 
 from splavu_core.evaluation.metrics import (chance_cmap, cmap, frame_auc, frame_labels, frame_scores,
                                             interpolated_ap, macro_f1, segment_iou, tad_map, top1)
-from splavu_core.evaluation.probes import leakage_removed, relative_change
+from splavu_core.evaluation.suite import leakage_removed_or_none, relative_change_or_none
 from splavu_core.features import VideoFeatures
 
 
@@ -47,10 +47,10 @@ def test_top1():
 
 
 def test_leakage_helpers():
-    assert leakage_removed(0.8, 0.5, 0.4) == pytest.approx(0.75)
-    assert relative_change(70.47, 49.92) == pytest.approx(-0.2916, abs=1e-4)
-    with pytest.raises(ValueError, match="not above chance"):
-        leakage_removed(0.4, 0.4, 0.45)
+    assert leakage_removed_or_none(0.8, 0.5, 0.4) == pytest.approx(0.75)
+    assert relative_change_or_none(70.47, 49.92) == pytest.approx(-0.2916, abs=1e-4)
+    assert leakage_removed_or_none(0.4, 0.4, 0.45) is None     # raw not above chance: nothing to remove, no share
+    assert relative_change_or_none(0, 0.3) is None
 
 
 # ---------------------------------------------------------------- frame AUC

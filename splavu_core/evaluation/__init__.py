@@ -1,6 +1,6 @@
 """Evaluation: metrics on numpy arrays (`metrics`) and the paper's protocols on VideoFeatures (`probes`).
 
-Only the metrics are re-exported here: `probes` pulls in torch and the heads, import it explicitly.
+Only the metrics are re-exported here: `protocols` pulls in torch, import it explicitly.
 """
 from .metrics import (TIOUS, average_precision, chance_cmap, cmap, frame_auc, frame_labels, frame_scores, interpolated_ap, macro_f1,
                       segment_iou, tad_map, top1)

@@ -17,15 +17,14 @@ Probes (fixed on raw features of the demo store before any anonymizer was scored
 - AD: per-clip logistic scorer trained on video labels only (every clip of an anomalous training video is
   a positive bag member; a linear model fitted to the bag labels ranks anomalous clips highest), standardised,
   L2, full-batch L-BFGS; frame-level ROC AUC. Chance 0.5.
-- privacy: S fresh 2-layer MLP attackers trained together (one batched model, independent weights), on the
-  features as given and standardised; per seed the best test cMAP over epochs (the attacker's best case), the
-  stronger branch by mean. Chance: mean attribute prevalence.
+- privacy: the attacker suite (attackers.py: fixed capacity whatever the table's width), the strongest member on
+  the features scored quoted as `cmap`, each member as `cmap[<name>]`. Chance: mean attribute prevalence.
+- reid: linking a test person's videos across actions (cosine; LDA learned on the train subjects), rank-1 / mAP.
 - gait: nearest-neighbour retrieval, no training (one "seed"); bootstrap over query videos. Chance: expected
   hit rate of a random neighbour.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -35,11 +34,38 @@ import torch.nn.functional as F
 
 from ..features import VideoFeatures
 from . import attackers as A
-from .metrics import TIOUS, chance_cmap, cmap, frame_labels, frame_scores, macro_f1, tad_map
-from .probes import Standardiser, _all_clips, eval_clip_indices
+from .metrics import TIOUS, chance_cmap, cmap, frame_labels, frame_scores, tad_map
 
 Videos = Sequence[VideoFeatures]
 N_SEEDS = 5
+
+
+class Standardiser:
+    """Per-dimension (x - mean) / std with statistics from training clips (float64 so tiny scales survive)."""
+
+    def __init__(self, x: np.ndarray):
+        x = np.asarray(x, np.float64)                             # (N, D)
+        self.mean = x.mean(axis=0)
+        std = x.std(axis=0)
+        self.std = np.where(std > 0, std, 1.0)                    # constant dims stay constant, not inf
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return ((np.asarray(x, np.float64) - self.mean) / self.std).astype(np.float32)
+
+
+def _all_clips(videos: Videos) -> np.ndarray:
+    return np.concatenate([v.feats for v in videos])              # (sum n_clips, D)
+
+
+def eval_clip_indices(n_clips: int, k: int = 5) -> np.ndarray:
+    """k evenly spaced clip indices (fewer, unique, when the video is shorter)."""
+    return np.unique(np.linspace(0, n_clips - 1, k).round().astype(int))
+
+
+def top1_among(pred: Sequence, true: Sequence, classes: Sequence[str]) -> float | None:
+    """Top-1 over the test videos whose true class is in `classes` (None if there are none)."""
+    pairs = [(p, t) for p, t in zip(pred, true) if t in set(classes)]
+    return float(np.mean([p == t for p, t in pairs])) if pairs else None
 
 
 @dataclass
@@ -298,7 +324,6 @@ def privacy_attack(train: Videos, test: Videos, attributes: Sequence[str], seeds
     y_test = d.y_test
     mean_c = {k: float(np.mean([cmap(y_test, p) for p in v])) for k, v in probs_by.items()}
     best = A.strongest(mean_c)
-    probs = probs_by[best]
     n = len(test)
 
     def of(name, fn):

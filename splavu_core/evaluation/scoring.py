@@ -120,7 +120,7 @@ def run_task(task: str, videos: Sequence[VideoFeatures], split: str, seeds: Sequ
         for part, name in ((train, "train"), (test, split)):
             if any(v.meta.get("subject_id") is None for v in part):
                 return None, f"needs 'subject_id' on every {name} video (who is who) to measure re-identification"
-        subj, act = {}, {}
+        subj: dict = {}
         for v in test:
             subj.setdefault(v.meta["subject_id"], set()).add(v.meta.get("action"))
         if sum(len(a) >= 2 for a in subj.values()) < 2:

@@ -1,22 +1,17 @@
-"""The evaluation suite: every protocol of DESIGN.md section 4 on one feature set, as metric rows.
+"""Feature sets, metric rows and the report built from them (the protocols are protocols.py, the scoring with
+intervals scoring.py, the gates ../gates.py: one evaluation stack).
 
-A *feature set* is the raw latents ("raw"), the published anonymized table of an AAM version ("splavu"),
-or an ablation variant anonymized in memory. `evaluate_feature_set` runs the probes (each trains a fresh
-head on exactly the features it scores) and returns metric rows
-
-    {feature_set, aam_version, task, metric, value, split, created_at}
-
-which `write_metric_rows` merges into <root>/metrics/<feature_set>-<aam_version or "raw">.parquet (the
-catalog's `metrics` view). `build_report` turns rows into the privacy-utility report (JSON schema below),
-`privacy_budget_measure` is what the blocking publication gate measures.
+A *feature set* is the raw latents ("raw"), the published anonymized table of an AAM version ("splavu"), a pixel
+baseline's store, a trivial projection (trivial.py) or an ablation variant anonymized in memory. Its metric rows
+{feature_set, aam_version, task, metric, value, sd, ci_low, ci_high, chance, n_seeds, split, created_at} are merged
+by `write_metric_rows` into <root>/metrics/<feature_set>-<aam_version or "raw">.parquet (the catalog's `metrics`
+view). `build_report` turns rows into the privacy-utility report:
 
 Report JSON: {"encoder_fingerprint": str, "aam_version": str,
-              "rows": [{"name", "privacy_cmap", "privacy_f1", "privacy_chance_cmap", "ar_top1", "tad_map",
-                        "ad_auc", "bias_f_gap", "bias_m_gap", "gait_top1"}],
+              "rows": [{"name", <REPORT_KEYS>..., "intervals", "changes", "derived_intervals", "attackers"}],
               "costs": splavu_core.costs.compare(...)   (privacy_utility_report only)}
-Rows are named raw, splavu, and pixel_<name> for each pixel baseline (splavu_core.pixel).
-Non-raw rows add "leakage_removed" = (raw - anon) / (raw - chance) of the privacy cMAP and
-"relative_change" = {key: (anon - raw) / raw}. A metric of a skipped task is null.
+Non-raw rows add "leakage_removed" / "clip_leakage_removed" / "linkage_removed" (the strongest attacker's share of
+above-chance leakage removed) and "relative_change" = {key: (anon - raw) / raw}. A metric of a skipped task is null.
 
 No dagster here.
 """
@@ -26,9 +21,8 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -36,10 +30,8 @@ import numpy as np
 import pyarrow as pa
 
 from ..catalog import METRICS_SCHEMA
-from ..features import VideoFeatures, split_of
-from ..ledger import (DEFAULT_PRIVACY_BUDGET, PRIVACY_BUDGET_ENV, _verdict_one,  # noqa: F401  (verdict rules
-                      budget_verdict)                                             # live in the ledger now)
-from ..store import FeatureStore, StoreError
+from ..features import VideoFeatures
+from ..store import FeatureStore
 
 # task -> dataset that supplies it (the synthetic benchmark's names; override with datasets=).
 # clip_privacy: the same attack on the action clips the product publishes (train actors -> test actors)
@@ -62,171 +54,8 @@ UTILITY_KEYS = ("ar_top1", "tad_map", "ad_auc")
 RAW = "raw"
 
 
-class EvalResult(list):
-    """The metric rows (a list), plus what was skipped and why, and each probe's full output."""
-
-    def __init__(self, rows=(), skipped: dict[str, str] | None = None, details: dict[str, dict] | None = None):
-        super().__init__(rows)
-        self.skipped = skipped or {}
-        self.details = details or {}
-
-
 def _now() -> datetime:
     return datetime.now(timezone.utc)
-
-
-def _row(feature_set, aam_version, task, metric, value, split, created_at) -> dict:
-    return {"feature_set": feature_set, "aam_version": aam_version, "task": task, "metric": metric,
-            "value": float(value), "split": split, "created_at": created_at}
-
-
-# ---------------------------------------------------------------- the tasks
-
-def privacy_attributes(videos: Sequence[VideoFeatures]) -> list[str]:
-    """Every attr_<name> label present in the videos' meta (sorted)."""
-    return sorted({k for v in videos for k, val in v.meta.items() if k.startswith("attr_") and val is not None})
-
-
-def _usable_attributes(train, test, attributes) -> tuple[list[str], list[str]]:
-    """Attributes with both classes in train and in test (AP is undefined otherwise)."""
-    keep, dropped = [], []
-    for a in attributes:
-        col = a if a.startswith("attr_") else f"attr_{a}"
-        ok = all(len({v.meta.get(col) for v in part} - {None}) == 2 for part in (train, test))
-        (keep if ok else dropped).append(a)
-    return keep, dropped
-
-
-def _run_ar(videos, kw):
-    from .probes import action_recognition, top1_among
-
-    train, test = split_of(videos, "train"), split_of(videos, "test")
-    if not train or not test:
-        return None, f"needs train and test videos with 'action' (have {len(train)} / {len(test)})"
-    r = action_recognition(train, test, **kw)
-    per_class = {f"top1[{c}]": top1_among(r["pred"], r["true"], [c]) for c in sorted(set(r["true"]))}
-    return {"top1": r["top1"], **per_class}, None
-
-
-def _run_tad(videos, kw):
-    from .probes import temporal_detection
-
-    train, test = split_of(videos, "train"), split_of(videos, "test")
-    if not train or not any(v.meta.get("segments") for v in test):
-        return None, "needs train videos and test videos with 'segments'"
-    classes = sorted({s[2] for v in train + test for s in (v.meta.get("segments") or [])})
-    return temporal_detection(train, test, classes=classes, **kw), None
-
-
-def _run_ad(videos, kw):
-    from .probes import anomaly_detection
-
-    train, test = split_of(videos, "train"), split_of(videos, "test")
-    if {v.meta.get("anomaly") for v in train} != {0, 1}:
-        return None, "needs train videos with both anomaly labels 0 and 1"
-    if {v.meta.get("anomaly") for v in test} != {0, 1}:
-        return None, "needs test videos with both anomaly labels 0 and 1 (frame AUC is undefined otherwise)"
-    return anomaly_detection(train, test, **kw), None
-
-
-def _run_privacy(videos, kw, attributes=None):
-    """Attackers train on the `train` split and are scored on `test` (on `ar`: disjoint actors)."""
-    from .probes import privacy_attack
-
-    train, test = split_of(videos, "train"), split_of(videos, "test")
-    if not train or not test:
-        return None, f"needs train and test videos (have {len(train)} / {len(test)})"
-    attributes, dropped = _usable_attributes(train, test, attributes or privacy_attributes(videos))
-    if not attributes:
-        return None, f"no attribute has both classes in train and test (dropped {dropped})"
-    r = privacy_attack(train, test, attributes=attributes, **kw)
-    out = {"cmap": r["cmap"], "f1": r["f1"], "chance_cmap": r["chance_cmap"],
-           "cmap_raw_branch": r["raw"]["cmap"], "cmap_standardised_branch": r["standardised"]["cmap"],
-           "f1_raw_branch": r["raw"]["f1"], "f1_standardised_branch": r["standardised"]["f1"],
-           "n_attributes": len(attributes)}
-    return out, {"attributes": attributes, "dropped_attributes": dropped, "branch": r["branch"]}
-
-
-def _run_bias(videos, kw):
-    from .probes import bias
-
-    train, test = split_of(videos, "train"), split_of(videos, "test")
-    groups = {v.meta.get("group") for v in test} - {None}
-    if not train or len(groups) < 2:
-        return None, f"needs train videos and a test split with >= 2 groups (test groups: {sorted(groups)})"
-    return bias(train, test, **kw), None
-
-
-def _run_gait(videos, kw):
-    from .probes import gait_retrieval
-
-    videos = [v for v in videos if v.meta.get("subject_id") is not None]
-    if len(videos) < 2:
-        return None, "needs >= 2 videos with 'subject_id'"
-    return gait_retrieval(videos), None
-
-
-def _split_label(videos, default="test") -> str:
-    splits = {v.split for v in videos}
-    return default if splits <= {default} else "all"
-
-
-def evaluate_feature_set(videos_by_dataset: Mapping[str, Sequence[VideoFeatures]], name: str,
-                         aam_version: str | None, which: Sequence[str] = TASKS,
-                         datasets: Mapping[str, str] | None = None,
-                         probe_kwargs: Mapping[str, dict] | None = None,
-                         attributes: Sequence[str] | None = None, created_at: datetime | None = None,
-                         log: Callable[[str], None] | None = None) -> EvalResult:
-    """Run the protocols `which` on one feature set; returns its metric rows (an EvalResult).
-
-    videos_by_dataset: dataset name -> videos (all splits). datasets: task -> dataset name (default
-    DEFAULT_DATASETS). A task whose dataset is absent or empty, or whose data cannot support the protocol
-    (e.g. a bias test split with one group), is skipped: result.skipped[task] says why.
-    probe_kwargs: task -> extra kwargs of its probe ("bias" applies to bias_f and bias_m, falling back to "ar").
-    Metrics: ar top1, top1[<class>] (per test class) | tad mAP, mAP@<tIoU> | ad auc | privacy cmap (stronger attacker), f1, chance_cmap,
-    cmap/f1 of each branch, n_attributes | bias_* top1, acc_<group>, gap | gait top1.
-    """
-    datasets = {**DEFAULT_DATASETS, **(datasets or {})}
-    probe_kwargs = dict(probe_kwargs or {})
-    created_at = created_at or _now()
-    unknown = set(which) - set(TASKS)
-    assert not unknown, f"unknown task(s) {sorted(unknown)}; choose from {TASKS}"
-    out = EvalResult()
-    for task in which:
-        ds = datasets[task]
-        videos = list(videos_by_dataset.get(ds) or [])
-        if not videos:
-            out.skipped[task] = f"dataset {ds!r} is not in the store"
-            if log:
-                log(f"{name}: skipping {task}: {out.skipped[task]}")
-            continue
-        kw = dict(probe_kwargs.get(task) or {})
-        detail = None
-        if task == "ar":
-            metrics, why = _run_ar(videos, kw)
-        elif task == "tad":
-            metrics, why = _run_tad(videos, kw)
-        elif task == "ad":
-            metrics, why = _run_ad(videos, kw)
-        elif task in PRIVACY_TASKS:
-            kw = dict(probe_kwargs.get(task) or probe_kwargs.get("privacy") or {})
-            metrics, detail = _run_privacy(videos, kw, attributes if task == "privacy" else None)
-            why = detail if isinstance(detail, str) else None
-        elif task in ("bias_f", "bias_m"):
-            metrics, why = _run_bias(videos, dict(probe_kwargs.get("bias") or probe_kwargs.get("ar") or {}))
-        else:
-            metrics, why = _run_gait(videos, kw)
-        if metrics is None:
-            out.skipped[task] = f"dataset {ds!r}: {why}"
-            if log:
-                log(f"{name}: skipping {task}: {out.skipped[task]}")
-            continue
-        split = _split_label(videos) if task == "gait" else "test"
-        for metric, value in metrics.items():
-            if isinstance(value, (int, float, np.floating, np.integer)):
-                out.append(_row(name, aam_version, task, metric, value, split, created_at))
-        out.details[task] = {"dataset": ds, **metrics, **(detail if isinstance(detail, dict) else {})}
-    return out
 
 
 # ---------------------------------------------------------------- derived rows: leakage removed, relative change
@@ -240,38 +69,17 @@ def metric_value(rows: Sequence[dict], task: str, metric: str) -> float | None:
 
 
 def leakage_removed_or_none(raw_cmap, anon_cmap, chance) -> float | None:
-    from .probes import leakage_removed
-
+    """(raw − anon) / (raw − chance): the share of above-chance leakage removed; None where raw is at chance."""
     if None in (raw_cmap, anon_cmap, chance) or raw_cmap <= chance:
         return None  # nothing leaks above chance in the raw features: the share is undefined
-    return leakage_removed(raw_cmap, anon_cmap, chance)
+    return float((raw_cmap - anon_cmap) / (raw_cmap - chance))
 
 
 def relative_change_or_none(raw, new) -> float | None:
-    from .probes import relative_change
-
+    """(new − raw) / raw, e.g. cMAP 70.47 -> 49.92 gives −0.29; None where undefined."""
     if raw is None or new is None or raw == 0:
         return None
-    return relative_change(raw, new)
-
-
-def derived_rows(raw_rows: Sequence[dict], anon_rows: Sequence[dict], created_at: datetime | None = None) -> list[dict]:
-    """Rows of the anonymized set computed against raw: privacy leakage_removed and cmap_relative_change."""
-    if not anon_rows:
-        return []
-    a = anon_rows[0]
-    created_at = created_at or _now()
-    out = []
-    for task in PRIVACY_TASKS:
-        raw_c, anon_c = metric_value(raw_rows, task, "cmap"), metric_value(anon_rows, task, "cmap")
-        chance = metric_value(raw_rows, task, "chance_cmap")
-        lr = leakage_removed_or_none(raw_c, anon_c, chance)
-        if lr is not None:
-            out.append(_row(a["feature_set"], a["aam_version"], task, "leakage_removed", lr, "test", created_at))
-        rc = relative_change_or_none(raw_c, anon_c)
-        if rc is not None:
-            out.append(_row(a["feature_set"], a["aam_version"], task, "cmap_relative_change", rc, "test", created_at))
-    return out
+    return float((new - raw) / raw)
 
 
 # ---------------------------------------------------------------- the metrics table
@@ -495,108 +303,3 @@ def _shard_state(store: FeatureStore, shards: Sequence[str]) -> list:
 
 def _key(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def privacy_budget_measure(store: FeatureStore, version: str, dataset: str = "privacy",
-                           probe_kwargs: dict | None = None, use_cache: bool = True,
-                           clip_dataset: str | None = "ar") -> dict:
-    """Privacy attack on the raw vs the `version`-anonymized features, on the close-ups of `dataset` and on the
-    action clips of `clip_dataset` (train actors -> test actors), when that dataset carries attr_* labels.
-
-    The anonymized features are the published tables when every shard of a dataset has one, else the
-    version's adapter (<root>/aam/<version>) applied in memory (identical rows, see anonymize_videos), so
-    the gate can run before the shards are published. The measurement is cached per (version, raw shard
-    manifests, probe settings) in <root>/reports/privacy_budget/<version>.json.
-    Returns the WEAKER of the two measurements at the top level {raw_cmap, anonymized_cmap, chance_cmap,
-    leakage_removed (None if raw is at chance), source, attributes, dataset}, plus {version, weaker,
-    "closeups": {...}, "clips": {...} or {"skipped": why}}."""
-    shards = _raw_shards(store, dataset)
-    if not shards:
-        raise StoreError(f"privacy dataset {dataset!r} has no committed latents in {store.root}: "
-                         f"the leakage of version {version} cannot be measured")
-    clip_shards = _raw_shards(store, clip_dataset) if clip_dataset else []
-    key = _key({"version": version, "shards": _shard_state(store, shards), "probe": probe_kwargs or {},
-                "clip_shards": _shard_state(store, clip_shards), "fingerprint": store.encoder_fingerprint()})
-    cache = f"reports/privacy_budget/{_safe(version)}.json"
-    if use_cache and store.fs.isfile(cache):
-        hit = store.fs.read_json(cache)
-        if hit.get("key") == key:
-            return {**hit["measure"], "cached": True}
-    closeups = _leakage_on(store, version, dataset, shards, probe_kwargs)
-    if not clip_dataset:
-        clips = {"skipped": "no action-clip dataset configured"}
-    elif not clip_shards:
-        clips = {"skipped": f"dataset {clip_dataset!r} has no committed latents"}
-    else:
-        try:
-            clips = _leakage_on(store, version, clip_dataset, clip_shards, probe_kwargs)
-        except _Unmeasurable as e:  # e.g. a user's action set without attr_* labels: say so, gate on close-ups
-            clips = {"skipped": str(e)}
-    measured = [("closeups", closeups)] + ([("clips", clips)] if "skipped" not in clips else [])
-    # the top level reports the weaker set; a set whose raw features are at chance has no share to compare
-    scored = [nm for nm in measured if nm[1]["leakage_removed"] is not None]
-    weaker_name, weaker = min(scored, key=lambda nm: nm[1]["leakage_removed"]) if scored else measured[0]
-    measure = {**weaker, "version": version, "weaker": weaker_name, "closeups": closeups, "clips": clips}
-    store.fs.write_json(cache, {"key": key, "measure": measure, "created_at": _now().isoformat()})
-    return {**measure, "cached": False}
-
-
-class _Unmeasurable(StoreError):
-    pass
-
-
-def _leakage_on(store: FeatureStore, version: str, dataset: str, shards: list[str], probe_kwargs: dict | None) -> dict:
-    from ..aam.io import load_adapter
-    from ..publish import PublishError, _published_shards, load_video_features
-
-    raw = load_video_features(store, source="raw", shards=shards)
-    if set(shards) <= _published_shards(store, version):
-        anon, source = load_video_features(store, source="anonymized", version=version, shards=shards), "published"
-    else:
-        adapter_dir = store.loc("aam", version)
-        try:
-            adapter, _, meta = load_adapter(adapter_dir, storage_options=getattr(store.fs, "storage_options", None))
-        except FileNotFoundError as e:
-            raise PublishError(f"version {version}: no published {dataset} tables and no adapter at {adapter_dir}") from e
-        if meta["encoder_fingerprint"] != store.encoder_fingerprint():
-            raise PublishError(f"adapter {adapter_dir} belongs to encoder {meta['encoder_fingerprint']!r}, the store "
-                               f"to {store.encoder_fingerprint()!r}")
-        anon, source = anonymize_videos(adapter, raw), "in-memory"
-    kw = {"privacy": probe_kwargs or {}}
-    r = evaluate_feature_set({dataset: raw}, RAW, None, which=("privacy",), datasets={"privacy": dataset}, probe_kwargs=kw)
-    if "privacy" in r.skipped:
-        raise _Unmeasurable(f"cannot measure leakage on {dataset!r}: {r.skipped['privacy']}")
-    attrs = r.details["privacy"]["attributes"]
-    a = evaluate_feature_set({dataset: anon}, "splavu", version, which=("privacy",), datasets={"privacy": dataset},
-                             probe_kwargs=kw, attributes=attrs)
-    raw_c, anon_c = metric_value(r, "privacy", "cmap"), metric_value(a, "privacy", "cmap")
-    chance = metric_value(r, "privacy", "chance_cmap")
-    return {"dataset": dataset, "source": source, "attributes": attrs,
-            "raw_cmap": raw_c, "anonymized_cmap": anon_c, "chance_cmap": chance,
-            "raw_branch": r.details["privacy"]["branch"], "anonymized_branch": a.details["privacy"]["branch"],
-            "leakage_removed": leakage_removed_or_none(raw_c, anon_c, chance)}
-
-
-def _is_oracle(store: FeatureStore, version: str) -> bool:
-    try:
-        return bool(store.fs.read_json(f"aam/{version}/adapter.json")["config"].get("oracle"))
-    except FileNotFoundError:
-        return False
-
-
-
-
-def passes_privacy_budget(store: FeatureStore, version: str, threshold: float | None = None) -> tuple[bool, str]:
-    """The gate a version must pass before it becomes current; fails closed when leakage cannot be measured."""
-    if threshold is None:
-        threshold = float(os.environ.get(PRIVACY_BUDGET_ENV, DEFAULT_PRIVACY_BUDGET))
-    if _is_oracle(store, version):
-        return False, f"version {version} is the oracle diagnostic (trained with private-attribute labels): never current"
-    try:
-        from ..roles import task_datasets  # the dataset registered with role privacy
-
-        ds = task_datasets(store)
-        return budget_verdict(privacy_budget_measure(store, version, ds["privacy"], clip_dataset=ds["clip_privacy"]),
-                              threshold)
-    except Exception as e:
-        return False, f"leakage of version {version} could not be measured ({e}); not promoted"
