@@ -32,8 +32,8 @@ demo:
 	SPLAVU_INSTALL_SECONDS=$$(( $$(date +%s) - $$(cat $(DAGSTER_HOME)/.demo_t0) )) $(BIN)/splavu demo $(DEMO_ARGS)
 
 # Bounded twice: a test past pyproject's `timeout` prints every thread's stack and ends its process;
-# `timeout` ends a pytest process that outlives its bound anyway (main suite ~11 min on quiet cores, 22 min at load 5;
-# cluster module ~3 min, 6 min at load): the bounds keep a margin over the loaded figures.
+# `timeout` ends a pytest process that outlives its bound anyway (fresh clone: main suite 14 min 48 s, cluster module
+# 5 min 1 s; 21 min 49 s / 5 min 51 s at load 4-5): the bounds keep a margin over the loaded figures.
 # The dask cluster tests keep an interpreter of their own (they start a cluster and worker processes).
 TEST_BOUND_S ?= 1800
 CLUSTER_BOUND_S ?= 900
