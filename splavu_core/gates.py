@@ -1,8 +1,10 @@
 """The two promotion gates, measured on VALIDATION splits the report never scores.
 
-    privacy   the share of above-chance leakage removed, (raw − anon) / (raw − chance) of the attackers' cMAP,
-              on the privacy close-ups AND on the action clips the product publishes; the LOWER end of its 95%
-              interval must meet the budget ($SPLAVU_PRIVACY_BUDGET, default 0.5)
+    privacy   the share of above-chance leakage removed, (raw − anon) / (raw − chance) of the cMAP of the
+              strongest attacker of the fixed-capacity suite (evaluation/attackers.py), on the privacy close-ups AND
+              on the action clips the product publishes, AND the same share of re-identification linkage (rank-1
+              across actions); the LOWER end of each 95% interval must meet the budget ($SPLAVU_PRIVACY_BUDGET,
+              default 0.5)
     utility   every task the AAM was trained with (its "seen" tasks: AR / TAD / AD) keeps a share of the raw
               features' above-chance utility, (anon − chance) / (raw − chance); it fails when the UPPER end of
               that interval is below the threshold ($SPLAVU_UTILITY_GATE, default 0.9) or when the

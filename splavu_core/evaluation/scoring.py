@@ -29,7 +29,6 @@ from . import protocols as P
 from . import stats
 
 UTILITY = {"ar": "top1", "tad": "mAP", "ad": "auc"}       # the seen/utility tasks and their headline metric
-PRIVACY = {"privacy": "cmap", "clip_privacy": "cmap", "reid": "rank1"}   # privacy tasks, headline metric (lower: private)
 VAL_FRACTION = 0.2
 
 
