@@ -74,12 +74,23 @@ class AttackData:
         return np.add.reduceat(clip_values, self.starts, axis=0) / self.n_clips
 
 
+class Standardiser:
+    """Per-dimension (x - mean) / std with statistics from training clips (float64 so tiny scales survive)."""
+
+    def __init__(self, x: np.ndarray):
+        x = np.asarray(x, np.float64)                             # (N, D)
+        self.mean = x.mean(axis=0)
+        std = x.std(axis=0)
+        self.std = np.where(std > 0, std, 1.0)                    # constant dims stay constant, not inf
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return ((np.asarray(x, np.float64) - self.mean) / self.std).astype(np.float32)
+
+
 def standardise(x: np.ndarray, *others: np.ndarray) -> list[np.ndarray]:
-    """(x - mean) / std with x's statistics, applied to x and to others (float64 stats, float32 out)."""
-    x64 = np.asarray(x, np.float64)
-    mean, std = x64.mean(0), x64.std(0)
-    std = np.where(std > 0, std, 1.0)
-    return [((np.asarray(a, np.float64) - mean) / std).astype(np.float32) for a in (x, *others)]
+    """x and others standardised with x's statistics."""
+    std = Standardiser(x)
+    return [std(a) for a in (x, *others)]
 
 
 def _mlp(d: AttackData, seeds: Sequence[int], hidden: int | None, epochs: int = 100, lr: float = 1e-3,

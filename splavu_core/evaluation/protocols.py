@@ -34,23 +34,11 @@ import torch.nn.functional as F
 
 from ..features import VideoFeatures
 from . import attackers as A
+from .attackers import Standardiser
 from .metrics import TIOUS, chance_cmap, cmap, frame_labels, frame_scores, tad_map
 
 Videos = Sequence[VideoFeatures]
 N_SEEDS = 5
-
-
-class Standardiser:
-    """Per-dimension (x - mean) / std with statistics from training clips (float64 so tiny scales survive)."""
-
-    def __init__(self, x: np.ndarray):
-        x = np.asarray(x, np.float64)                             # (N, D)
-        self.mean = x.mean(axis=0)
-        std = x.std(axis=0)
-        self.std = np.where(std > 0, std, 1.0)                    # constant dims stay constant, not inf
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        return ((np.asarray(x, np.float64) - self.mean) / self.std).astype(np.float32)
 
 
 def _all_clips(videos: Videos) -> np.ndarray:
