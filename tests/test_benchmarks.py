@@ -125,6 +125,13 @@ def test_keep_sweep(store_copy):
     assert {"chosen_k", "budget", "split"} <= set(curve) and curve["split"] == "val"
 
 
+def test_anchor_sweep(store_copy, tiny_videomae):
+    out = run_bench("anchor_sweep", "--store", store_copy, "--checkpoint", tiny_videomae, "--k", 4, "--seeds", 0)
+    members, summary = out[:-1], out[-1]
+    assert summary["split"] == "val" and summary["videos_anchored"] > 0
+    assert [m["anchored"] for m in members] == [True, False] and all("privacy" in m for m in members)
+
+
 def test_probe_stability(store_copy):
     out = run_bench("probe_stability", "--store", store_copy, "--tasks", "ar", "--seeds", 2)
     assert list(out["tasks"]) == ["ar"] and len(out["tasks"]["ar"]["per_seed"]) == 2

@@ -1,0 +1,107 @@
+"""Anchored keep on validation (issue 29's exploration, prints JSON): each clip minus its own video's appearance
+anchor (the mean of that video's static clips, one frame repeated), then the keep fit, beside plain keep of the
+same width; every member scored in one pass by the attacker suite (keep_curve.score_family, probe seeds and a
+bootstrap over the videos).
+
+    python benchmarks/anchor_sweep.py --store store --k 8 14 20 [--static-cache /tmp/anchors.npz]
+
+Appearance stays constant within a video and motion does not, so the anchor needs no label of any kind. The demo
+store has static clips for training videos only, so this script encodes `--static-k` static clips (frames spread
+over the video, as extraction picks them) for EVERY video with the store's encoder (checkpoint: --checkpoint, the
+shipped demo encoder by default). Those are raw latents: the optional cache is for re-runs on one machine, never
+for publishing. This is a measurement, not a publishable adapter: publishing anchored features needs static clips
+extracted for every video and an anchor input to the adapter (not built yet).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from splavu_core.aam.keep import apply_keep  # noqa: E402
+from splavu_core.aam.train import fit_utility_keep  # noqa: E402
+from splavu_core.encoders.vfm import DEMO_CHECKPOINT, load_encoder  # noqa: E402
+from splavu_core.evaluation.keep_curve import load_inputs, score_family  # noqa: E402
+from splavu_core.registry import shard_rows  # noqa: E402
+from splavu_core.sampling import ClipSampling  # noqa: E402
+from splavu_core.store import FeatureStore  # noqa: E402
+from splavu_core.video import DecordVideo  # noqa: E402
+
+
+def encode_anchors(fs: FeatureStore, checkpoint: str, static_k: int, batch: int = 16) -> dict[str, np.ndarray]:
+    """video_id -> (D,) mean of its static_k static clips, for every video of every committed shard."""
+    import torch
+
+    enc = load_encoder(checkpoint, device="cpu")
+    sampling = ClipSampling(static_k=static_k)
+    sums, pending = {}, []
+
+    def flush(force=False):
+        while len(pending) >= batch or (force and pending):
+            chunk, pending[:] = pending[:batch], pending[batch:]
+            x = torch.stack([f.permute(0, 2, 3, 1) for _, f in chunk]).permute(0, 1, 4, 2, 3)  # as extraction
+            for (vid, _), e in zip(chunk, enc.embed_prepared(x)):
+                sums[vid] = sums.get(vid, 0.0) + e.astype(np.float64) / static_k
+
+    for shard in fs.committed_shards():
+        manifest, rows = shard_rows(fs, shard)
+        for r in rows:
+            v = DecordVideo(manifest.root / r["path"])
+            frames = enc.prepare(v.frames(sampling.static_frames(v.info.n_frames))[:, None])  # (K, 1, 3, S, S)
+            pending.extend((r["video_id"], f.expand(enc.num_frames, -1, -1, -1)) for f in frames)
+            flush()
+    flush(force=True)
+    return {k: v.astype(np.float32) for k, v in sums.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--store", default="store")
+    ap.add_argument("--checkpoint", default=str(DEMO_CHECKPOINT), help="the encoder that made the store's latents")
+    ap.add_argument("--k", type=int, nargs="+", default=[8, 14, 20])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    ap.add_argument("--static-k", type=int, default=2, help="static clips per video averaged into its anchor")
+    ap.add_argument("--static-cache", help="npz of the anchors (raw-derived: keep it off shared storage)")
+    args = ap.parse_args()
+    fs = FeatureStore(args.store)
+    t0 = time.perf_counter()
+    cache = Path(args.static_cache) if args.static_cache else None
+    if cache and cache.exists():
+        z = np.load(cache)
+        anchors = dict(zip(z["ids"].tolist(), z["anchors"]))
+    else:
+        anchors = encode_anchors(fs, args.checkpoint, args.static_k)
+        if cache:
+            np.savez(cache, ids=np.array(list(anchors)), anchors=np.stack(list(anchors.values())))
+    t_anchor = time.perf_counter() - t0
+    inp = load_inputs(fs)
+
+    def anchored(v):
+        return dataclasses.replace(v, feats=(v.feats - anchors[v.video_id]).astype(np.float32))
+
+    d = inp.data
+    da = dataclasses.replace(d, ar_train=[anchored(v) for v in d.ar_train], ar_val=[anchored(v) for v in d.ar_val],
+                             tad_train=[anchored(v) for v in d.tad_train], ad_train=[anchored(v) for v in d.ad_train])
+    sets, members = {}, []
+    for k in args.k:
+        for name, data, f in ((f"anchored keep k={k}", da, anchored), (f"keep k={k}", d, lambda v: v)):
+            fit = fit_utility_keep(data, inp.cfg.tasks, k, inp.cfg)
+            sets[name] = {ds: [dataclasses.replace(v, feats=apply_keep(fit, f(v).feats)) for v in vs]
+                          for ds, vs in inp.raw.items()}
+            members.append({"name": name, "k": k, "anchored": data is da, "seen": list(inp.cfg.tasks)})
+    score_family(fs, inp, sets, members, [], split="val", seeds=args.seeds)
+    for m in members:
+        print(json.dumps(m), flush=True)
+    print(json.dumps({"split": "val", "static_k": args.static_k, "videos_anchored": len(anchors),
+                      "anchor_seconds": round(t_anchor, 1), "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
