@@ -9,14 +9,14 @@ import re
 import dagster as dg
 from pydantic import Field, ValidationError, create_model
 
-from pipeline.resources import StoreResource
+from assets.resources import StoreResource
 from splavu_core import costs
 from splavu_core.aam.io import adapter_version, save_adapter
 from splavu_core.aam.model import DEFAULT_ADAPTER, AAMConfig
 from splavu_core.aam.train import TASKS, TrainConfig, load_training_data, train_aam
 from splavu_core.evaluation.report import png_markdown
 from splavu_core.publish import record_version
-from splavu_core.roles import training_plan
+from splavu_core.datasets import training_plan
 
 
 def _field_notes(cls) -> dict[str, str]:

@@ -21,8 +21,8 @@ from datetime import datetime, timezone
 import dagster as dg
 from pydantic import Field
 
-from pipeline.partitions import shards
-from pipeline.resources import StoreResource
+from assets.partitions import shards
+from assets.resources import StoreResource
 from splavu_core import costs
 from splavu_core.ledger import clear_refusal, log_auto_promotion
 from splavu_core.neighbors import prune_indexes
@@ -30,7 +30,7 @@ from splavu_core.publish import (PublishError, anonymize_shard, apply_retention,
                                  promoted_versions, published_rows, published_shards, read_versions, record_refusal,
                                  set_current, versions_path)
 from splavu_core.gates import passes_gates
-from splavu_core.registry import registered
+from splavu_core.datasets import registered
 from splavu_core.store import FeatureStore
 
 

@@ -9,11 +9,10 @@ blacken) need person masks: mask_source 'rendered' (the synthetic benchmark's tr
 import dagster as dg
 from pydantic import Field
 
-from pipeline.resources import EncoderResource, StoreResource
+from assets.resources import EncoderResource, StoreResource
 from splavu_core.baselines import extract_baseline
 from splavu_core.pixel import BASELINES, MASK_SOURCES, PixelAnonymizer, baseline_transform
-from splavu_core.registry import registered
-from splavu_core.roles import task_datasets
+from splavu_core.datasets import registered, task_datasets
 
 pixel_baselines = dg.StaticPartitionsDefinition(list(BASELINES))
 

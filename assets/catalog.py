@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 import dagster as dg
 import pyarrow as pa
 
-from pipeline.resources import StoreResource
+from assets.resources import StoreResource
 from splavu_core.catalog import RUNS_SCHEMA, build_catalog
 from splavu_core.neighbors import refresh_indexes
 from splavu_core.store import FeatureStore

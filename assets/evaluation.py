@@ -17,19 +17,19 @@ imports none of their code. Every head is trained fresh on the features it score
 import dagster as dg
 from pydantic import Field
 
-from pipeline.resources import StoreResource
+from assets.resources import StoreResource
 from splavu_core.evaluation.report import png_markdown, read_report, report_markdown, write_privacy_utility_report
 from splavu_core.evaluation import trivial
 from splavu_core.evaluation.scoring import score_sets
 from splavu_core.evaluation.suite import (DEFAULT_DATASETS, RAW, UTILITY_KEYS, build_report, load_feature_sets,
                                           newest_version, read_metric_rows, write_metric_rows)
 from splavu_core.gates import evaluate_gates, privacy_measure_view, seen_tasks
-from splavu_core.ledger import (DEFAULT_PRIVACY_BUDGET, DEFAULT_UTILITY_GATE, PRIVACY_BUDGET_ENV, UTILITY_GATE_ENV,
-                                privacy_threshold, record_verdict, utility_fraction)
+from splavu_core.ledger import privacy_threshold, record_verdict, utility_fraction
+from splavu_core.settings import DEFAULT_PRIVACY_BUDGET, DEFAULT_UTILITY_GATE
 from splavu_core import costs
 from splavu_core.baselines import eval_shards, existing_baselines, stale_shards
 from splavu_core.publish import current_version
-from splavu_core.roles import task_datasets
+from splavu_core.datasets import task_datasets
 
 ANONYMIZED = dg.AssetKey("anonymized_features")
 CLIP_LATENTS = dg.AssetKey("clip_latents")
@@ -40,7 +40,7 @@ GROUP = "evaluation"
 class ProbeSettings(dg.Config):
     """Which dataset serves each task and how long each fresh probe trains (defaults: DESIGN.md section 4)."""
 
-    # "" = the dataset registered with that role (splavu_core.roles; the demo's names by default)
+    # "" = the dataset registered with that role (splavu_core.datasets; the demo's names by default)
     ar_dataset: str = ""
     tad_dataset: str = ""
     ad_dataset: str = ""
@@ -257,7 +257,7 @@ class GateConfig(dg.Config):
 
 class PrivacyBudgetConfig(GateConfig):
     threshold: float | None = Field(default=None, description=f"share of above-chance leakage that must be removed, "
-                                    f"on the lower end of its 95% interval (default ${PRIVACY_BUDGET_ENV} or "
+                                    f"on the lower end of its 95% interval (default $SPLAVU_PRIVACY_BUDGET or "
                                     f"{DEFAULT_PRIVACY_BUDGET})")
 
     def resolved_threshold(self) -> float:
@@ -267,7 +267,7 @@ class PrivacyBudgetConfig(GateConfig):
 class UtilityBudgetConfig(GateConfig):
     fraction: float | None = Field(default=None, description=f"share of the raw features' above-chance utility every "
                                    f"seen task must keep (fails when the upper end of its 95% interval is below; "
-                                   f"default ${UTILITY_GATE_ENV} or {DEFAULT_UTILITY_GATE}; <= 0: off)")
+                                   f"default $SPLAVU_UTILITY_GATE or {DEFAULT_UTILITY_GATE}; <= 0: off)")
 
 
 def published_version(context) -> str | None:
@@ -355,7 +355,7 @@ def utility_budget(context: dg.AssetCheckExecutionContext, config: UtilityBudget
 
 class UtilityRetentionConfig(dg.Config):
     fraction: float | None = Field(default=None, description=f"share of raw's above-chance utility each task must keep, "
-                                   f"at the upper end of its interval (default: the utility gate's, ${UTILITY_GATE_ENV} "
+                                   f"at the upper end of its interval (default: the utility gate's, $SPLAVU_UTILITY_GATE "
                                    f"or {DEFAULT_UTILITY_GATE})")
 
 

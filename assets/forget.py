@@ -2,7 +2,7 @@
 import dagster as dg
 from pydantic import Field
 
-from pipeline.resources import StoreResource
+from assets.resources import StoreResource
 from splavu_core.forget import check_line, layer_totals, run_request
 
 

@@ -3,12 +3,12 @@ import time
 
 import dagster as dg
 
-from pipeline.partitions import shards
-from pipeline.resources import EncoderResource, StoreResource
+from assets.partitions import shards
+from assets.resources import EncoderResource, StoreResource
 from splavu_core import costs
 from splavu_core.extract import extract_shard, manifest_hash
 from splavu_core.forget import erase_raced
-from splavu_core.registry import dataset_of, registration, shard_rows, static_clips
+from splavu_core.datasets import dataset_of, registration, shard_rows, static_clips
 
 
 @dg.multi_asset(

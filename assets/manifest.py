@@ -1,9 +1,9 @@
 """video_manifest: the validated manifest rows of one shard."""
 import dagster as dg
 
-from pipeline.partitions import shards
-from pipeline.resources import StoreResource
-from splavu_core.registry import write_shard_manifest
+from assets.partitions import shards
+from assets.resources import StoreResource
+from splavu_core.datasets import write_shard_manifest
 
 
 @dg.asset(partitions_def=shards, group_name="ingest", kinds={"parquet"},

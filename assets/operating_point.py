@@ -12,7 +12,7 @@ the adapter must never depend on them (the label-flip test). A data engineer set
 import dagster as dg
 from pydantic import Field
 
-from pipeline.resources import StoreResource
+from assets.resources import StoreResource
 from splavu_core.evaluation.keep_curve import DEFAULT_KS, curve_markdown, keep_curve
 from splavu_core.evaluation.report import png_markdown
 from splavu_core.ledger import current_version

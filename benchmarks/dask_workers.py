@@ -31,7 +31,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # the benchmark process only orch
 import dagster as dg  # noqa: E402
 
 from pipeline.executors import code_location_job, run_config_for  # noqa: E402
-from pipeline.resources import EncoderResource, StoreResource  # noqa: E402
+from assets.resources import EncoderResource, StoreResource  # noqa: E402
 from pipeline.runner import ingest  # noqa: E402
 from splavu_core.encoders.vfm import DEMO_CHECKPOINT  # noqa: E402
 

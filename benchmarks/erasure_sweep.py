@@ -25,7 +25,7 @@ from splavu_core.aam.erasure import apply_erasure  # noqa: E402
 from splavu_core.aam.train import fit_appearance_erasure, load_training_data  # noqa: E402
 from splavu_core.evaluation.scoring import score_sets  # noqa: E402
 from splavu_core.evaluation.suite import RAW, load_feature_sets, metric_value  # noqa: E402
-from splavu_core.roles import task_datasets  # noqa: E402
+from splavu_core.datasets import task_datasets  # noqa: E402
 from splavu_core.store import FeatureStore  # noqa: E402
 
 KEYS = {"privacy": "cmap", "clip_privacy": "cmap", "ar": "top1", "tad": "mAP", "ad": "auc"}

@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 from splavu_core.evaluation import stats  # noqa: E402
 from splavu_core.evaluation.scoring import run_task  # noqa: E402
 from splavu_core.evaluation.suite import load_feature_sets  # noqa: E402
-from splavu_core.roles import task_datasets  # noqa: E402
+from splavu_core.datasets import task_datasets  # noqa: E402
 from splavu_core.store import FeatureStore  # noqa: E402
 
 

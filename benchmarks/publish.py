@@ -141,7 +141,7 @@ def anonymize_breakdown(store: FeatureStore, adapter_dir: Path, out: Path) -> di
     t["read_s"] = time.perf_counter() - t0
     adapter, cfg, meta = load_adapter(adapter_dir)
     t0 = time.perf_counter()
-    feats = pub._run_adapter(adapter, cfg, clips, index["video_id"].to_numpy(zero_copy_only=False),
+    feats = pub.run_adapter(adapter, cfg, clips, index["video_id"].to_numpy(zero_copy_only=False),
                              index["clip_index"].to_numpy())
     t["adapter_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()

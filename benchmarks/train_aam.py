@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from splavu_core.aam.train import TrainConfig, load_training_data, train_aam  # noqa: E402
 from splavu_core.extract import decode_video  # noqa: E402
-from splavu_core.registry import dataset_manifest, registered  # noqa: E402
+from splavu_core.datasets import dataset_manifest, registered  # noqa: E402
 from splavu_core.sampling import ClipSampling  # noqa: E402
 from splavu_core.store import FeatureStore  # noqa: E402
 from splavu_core.video import DecordVideo  # noqa: E402

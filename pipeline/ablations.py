@@ -28,15 +28,14 @@ import dagster as dg
 from assets.aam import AAMTrainingConfig
 from splavu_core.aam.model import PREVIOUS_DEFAULT_ADAPTER
 from assets.evaluation import ProbeSettings
-from pipeline.resources import StoreResource
+from assets.resources import StoreResource
 from splavu_core.aam.io import adapter_version
 from splavu_core.aam.train import load_oracle_labels, load_training_data, train_aam
 from splavu_core.evaluation.report import ablation_markdown, png_markdown, write_ablation_report
 from splavu_core.evaluation.scoring import score_sets
-from splavu_core.evaluation.suite import (RAW, TASKS, _key, _safe, _shard_state, add_derived, anonymize_videos,
+from splavu_core.evaluation.suite import (RAW, TASKS, config_key, safe_name, shard_hashes, add_derived, anonymize_videos,
                                           build_report, load_feature_sets, report_row)
-from splavu_core.registry import dataset_of
-from splavu_core.roles import training_plan
+from splavu_core.datasets import dataset_of, training_plan
 from splavu_core.store import FeatureStore
 
 NO_ERASURE = {"erase_rank": 0}
@@ -132,7 +131,7 @@ def _jsonable_rows(rows) -> list[dict]:
 def _eval_shards(fs: FeatureStore, datasets: dict[str, str]) -> list:
 
     wanted = set(datasets.values())
-    return _shard_state(fs, [s for s in fs.committed_shards() if dataset_of(s) in wanted])
+    return shard_hashes(fs, [s for s in fs.committed_shards() if dataset_of(s) in wanted])
 
 
 _RAW_SCORED: dict[str, dict] = {}  # raw_key -> task -> raw's (Scored, why): the variants of one process pair with it
@@ -147,7 +146,7 @@ def _score(fs: FeatureStore, config: AblationConfig, sets: dict, raw_key: str, v
 def raw_baseline(fs: FeatureStore, config: AblationConfig, raw=None, log=None) -> tuple[list[dict], str]:
     """The raw latents' metric rows under these probe settings and seeds, cached; returns (rows, key)."""
     datasets, kw = config.datasets(fs), config.probe_kwargs()
-    key = _key({"probe": kw, "seeds": config.seeds(), "scoring": "intervals", "datasets": datasets,
+    key = config_key({"probe": kw, "seeds": config.seeds(), "scoring": "intervals", "datasets": datasets,
                 "shards": _eval_shards(fs, datasets), "fingerprint": fs.encoder_fingerprint()})
     path = f"{ABLATIONS}/raw/{key}.json"
     if (hit := _read_record(fs, path)) is not None:
@@ -169,7 +168,7 @@ def run_variant(fs: FeatureStore, variant: str, config: AblationConfig, log=None
     raw = load_feature_sets(fs, TASKS, "raw", datasets=datasets)
     raw_rows, raw_key = raw_baseline(fs, config, raw=raw, log=log)
     train_cfg = dataclasses.asdict(cfg)
-    key = _key({"train": train_cfg, "train_datasets": train_datasets,
+    key = config_key({"train": train_cfg, "train_datasets": train_datasets,
                 "raw_key": raw_key})
     by_config = f"{ABLATIONS}/by_config/{key}.json"
     if (hit := _read_record(fs, by_config)) is not None:
@@ -193,7 +192,7 @@ def run_variant(fs: FeatureStore, variant: str, config: AblationConfig, log=None
         fs.fs.write_json(by_config, rec)
     rec["row"] = {**add_derived(report_row(RAW, raw_rows), report_row(variant, rec["metric_rows"])),
                   "seen_tasks": list(cfg.tasks)}
-    fs.fs.write_json(f"{ABLATIONS}/variants/{_safe(variant)}.json", rec)
+    fs.fs.write_json(f"{ABLATIONS}/variants/{safe_name(variant)}.json", rec)
     return rec
 
 
@@ -202,7 +201,7 @@ def collect_report(fs: FeatureStore, config: AblationConfig, log=None) -> tuple[
     raw_rows, raw_key = raw_baseline(fs, config, log=log)
     variants, seen, stale, missing = {}, {}, [], []
     for name in VARIANTS:
-        rec = _read_record(fs, f"{ABLATIONS}/variants/{_safe(name)}.json")
+        rec = _read_record(fs, f"{ABLATIONS}/variants/{safe_name(name)}.json")
         if rec is None:
             missing.append(name)
             continue

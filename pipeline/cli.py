@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shlex
 import shutil
@@ -37,8 +36,8 @@ from splavu_core.masks import PixelError
 from splavu_core.neighbors import Index, NeighborsError, neighbors, refuse_if_refused
 from splavu_core.ledger import (PublishError, current_version, gates_passed, newest_version, promote, read_verdicts,
                                 read_versions, refused_versions, rollback)
-from splavu_core.registry import registered, registration
-from splavu_core.roles import describe_registration, parse_roles, training_plan
+from splavu_core.datasets import describe_registration, parse_roles, registered, registration, training_plan
+from splavu_core.settings import settings
 from splavu_core.store import FeatureStore, StoreError
 from splavu_core.tables import format_table
 from splavu_core.synth.datasets import BENCHMARKS, DATASETS, DEFAULT_BENCHMARK, BenchmarkMismatch, generate, plan
@@ -53,7 +52,7 @@ def _runner():
 
 
 def _store_root(args) -> str:
-    return args.store or os.environ.get("SPLAVU_STORE", "./store")
+    return args.store or settings().store
 
 
 def cmd_synth(args) -> int:
@@ -423,11 +422,7 @@ def cmd_demo(args) -> int:
 
 def _install_seconds() -> float | None:
     """`make demo` passes its setup's wall time (SPLAVU_INSTALL_SECONDS); None when run otherwise."""
-    v = os.environ.get("SPLAVU_INSTALL_SECONDS")
-    try:
-        return float(v) if v else None
-    except ValueError:
-        return None
+    return settings().install_seconds
 
 
 def gate_seconds(out: dict) -> float | None:
@@ -597,7 +592,8 @@ def cmd_fail_run(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `splavu` command line (docs/reference.md's CLI section is generated from it: splavu_core/docs_gen.py)."""
     ap = argparse.ArgumentParser(prog="splavu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", help="store root (default $SPLAVU_STORE or ./store)")
     # every subcommand takes --store too (`splavu sql --store X ...`); SUPPRESS keeps the one given before it otherwise
@@ -724,8 +720,11 @@ def main(argv=None) -> int:
                                         "(runs of this host are found and failed automatically)")
     p.add_argument("run_id")
     p.set_defaults(fn=cmd_fail_run)
+    return ap
 
-    args = ap.parse_args(argv)
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         if args.cmd not in CREATES_STORE:
             _require_store(_store_root(args))

@@ -27,8 +27,10 @@ On an existing cluster nobody enforced that, so a run refuses to start on worker
 from __future__ import annotations
 
 import dagster as dg
-import dagster._check as check
 import dask.distributed
+# The one private Dagster import of the project (tests/test_layers.py allows exactly it): DaskExecutor.execute
+# checks that its context IS a PlanOrchestrationContext, which dagster does not export, so the run-scoped view below
+# has to subclass it. It goes with this workaround.
 from dagster._core.execution.context.system import PlanOrchestrationContext
 from dagster_dask.executor import DaskExecutor
 
@@ -80,7 +82,8 @@ def check_one_thread_per_worker(client) -> None:
 
 class RunScopedDaskExecutor(DaskExecutor):
     def execute(self, plan_context, execution_plan):
-        check.inst_param(plan_context, "plan_context", PlanOrchestrationContext)
+        if not isinstance(plan_context, PlanOrchestrationContext):
+            raise TypeError(f"expected a PlanOrchestrationContext, got {type(plan_context).__name__}")
         if self.cluster_type == "existing":
             with dask.distributed.Client(**self.build_dict(plan_context.job_name)) as client:
                 check_one_thread_per_worker(client)

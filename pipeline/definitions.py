@@ -2,12 +2,12 @@
 import dagster as dg
 
 from assets import aam, anonymized, baselines, catalog, evaluation, forget, latents, manifest, operating_point
+from assets.resources import EncoderResource, StoreResource
 from pipeline import ablations
 from pipeline.executors import splavu_executor
 from pipeline.jobs import evaluate_job, extract_job, forget_job, pixel_baselines_job, train_aam_job
 from pipeline.reanonymize import (anonymize_new_shards, reanonymize_job, reanonymize_on_new_aam, reanonymize_schedule,
                                   refresh_catalog_job, refresh_catalog_sensor)
-from pipeline.resources import EncoderResource, StoreResource
 from pipeline.sensors import inbox_sensor
 
 defs = dg.Definitions(
@@ -21,3 +21,9 @@ defs = dg.Definitions(
     resources={"store": StoreResource(), "encoder": EncoderResource()},
     executor=splavu_executor,  # $SPLAVU_EXECUTOR: multiprocess (default), in_process, dask, k8s
 )
+
+
+def job_named(name: str) -> dg.JobDefinition:
+    """Job `name` with the location's resources: how step processes, dask workers and pods rebuild a run's job
+    (pipeline.executors.code_location_job)."""
+    return defs.resolve_job_def(name)

@@ -31,21 +31,14 @@ with `concurrency.pools.granularity: run`), and it ignores retry policies.
 """
 from __future__ import annotations
 
-import os
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
-from dagster._config import process_config
-from dagster._core.definitions.reconstruct import ReconstructableRepository
-from dagster._core.definitions.executor_definition import multiple_process_executor_requirements
-from dagster._core.errors import DagsterInvalidConfigError
-from dagster._core.executor.init import InitExecutorContext
 
-EXECUTOR_ENV = "SPLAVU_EXECUTOR"
-DASK_SCHEDULER_ENV = "SPLAVU_DASK_SCHEDULER"
-ENGINES = ("multiprocess", "in_process", "dask", "k8s")
+from splavu_core.settings import ENGINES, read_settings, settings
+
 CLUSTER_ENGINES = ("dask", "k8s")  # config checked against the integration library's schema at run start
 
 
@@ -73,33 +66,38 @@ def engine_config(engine: str, config: dict | None) -> dict:
     """`config` for `engine` checked against that executor's own schema, defaults filled in.
     Raises DagsterInvalidConfigError naming execution.config.<engine> and the offending field."""
     if engine not in ENGINES:
-        raise DagsterInvalidConfigError(f"execution.config: unknown engine {engine!r} (one of {', '.join(ENGINES)})",
-                                        [], config)
+        raise dg.DagsterInvalidConfigError(
+            f"execution.config: unknown engine {engine!r} (one of {', '.join(ENGINES)})", [], config)
     if engine in CLUSTER_ENGINES:
-        schema = _cluster_executor(engine).config_schema
+        target = _cluster_executor(engine)
     else:
-        schema = (dg.multiprocess_executor if engine == "multiprocess" else dg.in_process_executor).config_schema
-    res = process_config(schema.config_type, config or {})
-    if not res.success:
-        raise DagsterInvalidConfigError(f"Invalid config at execution.config.{engine} (checked against the "
-                                        f"{engine} executor's schema)", res.errors, config)
-    return res.value
+        target = dg.multiprocess_executor if engine == "multiprocess" else dg.in_process_executor
+
+    @dg.job(name=f"check_{engine}_config", executor_def=target)
+    def empty():  # an empty job that runs on `target`: its run config is checked by dagster's public validator
+        pass
+
+    try:
+        checked = dg.validate_run_config(empty, {"execution": {"config": config or {}}})
+    except dg.DagsterInvalidConfigError as e:
+        raise dg.DagsterInvalidConfigError(f"Invalid config at execution.config.{engine} (checked against the "
+                                           f"{engine} executor's schema)", e.errors, config) from None
+    ((_, value),) = checked["execution"].items()  # {executor name: its config, defaults filled in}
+    return value
 
 
 def default_engine(env: dict | None = None) -> dict:
-    """{engine: config} from SPLAVU_EXECUTOR / SPLAVU_DASK_SCHEDULER (env: os.environ)."""
-    env = os.environ if env is None else env
-    engine = (env.get(EXECUTOR_ENV) or "multiprocess").strip().lower().replace("-", "_")
-    if engine not in ENGINES:
-        raise ValueError(f"{EXECUTOR_ENV}={env.get(EXECUTOR_ENV)!r}: expected one of {', '.join(ENGINES)}")
+    """{engine: config} from SPLAVU_EXECUTOR / SPLAVU_DASK_SCHEDULER (env: this process's environment)."""
+    s = settings() if env is None else read_settings(env)
+    engine = s.executor
     if engine == "dask":
-        address = env.get(DASK_SCHEDULER_ENV, "").strip()
+        address = s.dask_scheduler
         return {"dask": {"cluster": {"existing": {"address": address}} if address else {"local": {}}}}
     return {engine: {}}
 
 
 def _requirements(config: dict) -> list:
-    return [] if "in_process" in config else multiple_process_executor_requirements()
+    return [] if "in_process" in config else dg.multiple_process_executor_requirements()
 
 
 def _config_schema() -> dg.Field:
@@ -109,11 +107,11 @@ def _config_schema() -> dg.Field:
         engines[name] = dg.Field(dg.Permissive(), is_required=False,
                                  description=f"{lib} config; checked against its schema when the run starts")
     return dg.Field(dg.Selector(engines), default_value=default_engine(),
-                    description=f"One Dagster executor per run; default from ${EXECUTOR_ENV}")
+                    description=f"One Dagster executor per run; default from $SPLAVU_EXECUTOR")
 
 
 @dg.executor(name="splavu", config_schema=_config_schema(), requirements=_requirements)
-def splavu_executor(init_context: InitExecutorContext) -> dg.Executor:
+def splavu_executor(init_context: dg.InitExecutorContext) -> dg.Executor:
     """Runs the job with the Dagster executor named in execution.config (see the module doc)."""
     ((engine, config),) = init_context.executor_config.items()
     if engine == "dask":  # dagster-dask's executor, run-scoped (pipeline/dask_engine.py says why)
@@ -124,7 +122,7 @@ def splavu_executor(init_context: InitExecutorContext) -> dg.Executor:
         target, config = _cluster_executor(engine), engine_config(engine, config)
     else:
         target = dg.multiprocess_executor if engine == "multiprocess" else dg.in_process_executor
-    inner = InitExecutorContext(job=init_context.job, executor_def=target, executor_config=config,
+    inner = dg.InitExecutorContext(job=init_context.job, executor_def=target, executor_config=config,
                                 instance=init_context.instance)
     return target.executor_creation_fn(inner)
 
@@ -132,11 +130,11 @@ def splavu_executor(init_context: InitExecutorContext) -> dg.Executor:
 # ---------------------------------------------------------------- running a job of the code location
 
 def code_location_job(name: str):
-    """Job `name` of pipeline.definitions as a ReconstructableJob: what `dagster dev` and the daemon hand
-    to an executor, so that step processes, dask workers and pods load it from the module themselves."""
-    repo = ReconstructableRepository.for_module("pipeline.definitions", "defs",
-                                                working_directory=str(Path(__file__).resolve().parents[1]))
-    return repo.get_reconstructable_job(name)
+    """Job `name` of pipeline.definitions as a ReconstructableJob, so that step processes, dask workers and pods
+    load it from the module themselves (they call pipeline.definitions.job_named(name)). The module is named, not
+    imported: pipeline.definitions imports this one."""
+    return dg.build_reconstructable_job("pipeline.definitions", "job_named", reconstructable_args=(name,),
+                                        reconstructor_working_directory=str(Path(__file__).resolve().parents[1]))
 
 
 def run_config_for(engine: dict, store_root: str, encoder: dict | None = None, ops: dict | None = None,

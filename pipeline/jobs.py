@@ -2,7 +2,7 @@
 import dagster as dg
 
 from assets.baselines import pixel_baselines
-from pipeline.partitions import shards
+from assets.partitions import shards
 
 extract_job = dg.define_asset_job(
     "extract_latents", selection=dg.AssetSelection.assets("video_manifest", "clip_latents", "static_latents"),

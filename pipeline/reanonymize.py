@@ -26,16 +26,15 @@ does the same in-process (no daemon), for the CLI, `make demo` and tests.
 """
 from __future__ import annotations
 
-import os
 
 import dagster as dg
 
 from assets.anonymized import newest_version, registered_shards, resolve_version, shards_lacking, target_versions
-from pipeline.partitions import shards
-from pipeline.resources import StoreResource
+from assets.partitions import shards
+from assets.resources import StoreResource
 from splavu_core.publish import PublishError
+from splavu_core.settings import settings
 
-DEFAULT_CRON = "0 3 * * *"
 IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
              dg.DagsterRunStatus.STARTED]
 
@@ -50,7 +49,7 @@ refresh_catalog_job = dg.define_asset_job(
 
 
 def retention_from_env() -> int:
-    return int(os.environ.get("SPLAVU_AAM_RETENTION", "0") or 0)
+    return settings().aam_retention
 
 
 def anonymize_run_config(version: str, retention: int | None = None) -> dict:
@@ -132,10 +131,10 @@ def anonymize_new_shards(context: dg.SensorEvaluationContext, store: StoreResour
 def build_reanonymize_schedule(cron: str | None = None,
                                default_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.STOPPED):
     """The catch-all schedule; cron from the argument, else $SPLAVU_REANONYMIZE_CRON, else 03:00 daily."""
-    cron = cron or os.environ.get("SPLAVU_REANONYMIZE_CRON") or DEFAULT_CRON
+    cron = cron or settings().reanonymize_cron
 
     @dg.schedule(cron_schedule=cron, job=reanonymize_job, name="reanonymize_schedule", default_status=default_status,
-                 execution_timezone=os.environ.get("SPLAVU_TIMEZONE", "UTC"),
+                 execution_timezone=settings().timezone,
                  description="Publishes every extracted shard still lacking a table for the current AAM (or the one "
                              "being rolled out). Off by default: turn it on in the UI or with "
                              "`dagster schedule start reanonymize_schedule`.")

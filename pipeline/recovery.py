@@ -22,7 +22,6 @@ import threading
 from contextlib import contextmanager
 
 import dagster as dg
-from dagster._core.storage.dagster_run import RunsFilter
 
 HOST, PID, PID_START = "splavu/host", "splavu/pid", "splavu/pid_start"
 UNFINISHED = [dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.CANCELING,
@@ -80,7 +79,7 @@ def fail_run(instance: dg.DagsterInstance, run: dg.DagsterRun, why: str, log=pri
 
 def fail_dead_runs(instance: dg.DagsterInstance, log=print) -> list[str]:
     """Fail every unfinished run of this host whose owning process is gone; returns their run ids."""
-    runs = instance.get_runs(filters=RunsFilter(statuses=UNFINISHED, tags={HOST: socket.gethostname()}))
+    runs = instance.get_runs(filters=dg.RunsFilter(statuses=UNFINISHED, tags={HOST: socket.gethostname()}))
     dead = [r for r in runs if is_dead(r)]
     for r in dead:
         fail_run(instance, r, f"its process ({owner(r)}) is gone", log)
@@ -91,7 +90,7 @@ def _my_waiting_steps(instance, pool: str) -> list:
     info = instance.event_log_storage.get_concurrency_info(pool)
     if not info.pending_steps or not info.claimed_slots:
         return []
-    mine = {r.run_id for r in instance.get_runs(filters=RunsFilter(statuses=UNFINISHED, tags=owner_tags()))}
+    mine = {r.run_id for r in instance.get_runs(filters=dg.RunsFilter(statuses=UNFINISHED, tags=owner_tags()))}
     return [p for p in info.pending_steps if p.run_id in mine and p.assigned_timestamp is None]
 
 

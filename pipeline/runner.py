@@ -19,12 +19,12 @@ from assets.evaluation import EVAL_ASSETS, GATE_CHECKS, privacy_utility_report
 from pipeline.ablations import VARIANTS
 from pipeline.definitions import defs
 from pipeline.inprocess import quiet
-from pipeline.partitions import shards
+from assets.partitions import shards
 from pipeline.reanonymize import anonymize_run_config
 from pipeline.recovery import fail_run, owned_run  # noqa: F401  (fail_run: the CLI)
-from pipeline.resources import EncoderResource, StoreResource
+from assets.resources import EncoderResource, StoreResource
 from splavu_core.pixel import BASELINES  # noqa: F401  (the CLI)
-from splavu_core.registry import register_dataset
+from splavu_core.datasets import register_dataset
 from splavu_core.publish import PublishError
 from splavu_core.store import FeatureStore
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import dagster as dg
 
 from pipeline.jobs import extract_job
-from pipeline.partitions import shards
-from pipeline.resources import StoreResource
+from assets.partitions import shards
+from assets.resources import StoreResource
 from splavu_core.manifest import ManifestError
-from splavu_core.registry import register_dataset, registered
+from splavu_core.datasets import register_dataset, registered
 from splavu_core.store import StoreError
 
 

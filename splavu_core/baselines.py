@@ -16,7 +16,7 @@ from . import costs
 from .encoders.vfm import FrozenEncoder
 from .extract import extract_shard, manifest_hash
 from .pixel import PixelAnonymizer, baseline_root, feature_set_name
-from .registry import dataset_of, register_dataset, registered, shard_rows, write_shard_manifest
+from .datasets import dataset_of, register_dataset, registered, shard_rows, write_shard_manifest
 from .sampling import ClipSampling
 from .store import FeatureStore, StoreError
 

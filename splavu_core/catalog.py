@@ -54,6 +54,7 @@ from .publish import (VERSIONS_KEY, VERSIONS_SCHEMA, anonymized_key, anonymized_
                       current_version, published_shards, read_versions, refused_versions)
 from .erasure import LOG_DIR, LOG_SCHEMA
 from .store import CLIP_INDEX_SCHEMA, QUARANTINE_SCHEMA, FeatureStore, StoreError
+from .settings import settings
 
 CATALOG_FILE = "catalog.duckdb"
 STALE_TEMP_S = 3600  # temp catalogs older than this were left by a crashed build
@@ -84,7 +85,7 @@ def catalog_dir(store: FeatureStore) -> Path:
     """The store root itself, or for an object store a local cache folder named after its URL."""
     if store.local:
         return store.root
-    base = os.environ.get("SPLAVU_CATALOG_DIR") or os.path.join(
+    base = settings().catalog_dir or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "splavu", "catalogs")
     url = store.fs.url
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", url)[:80] + "-" + hashlib.sha256(url.encode()).hexdigest()[:8]

@@ -10,7 +10,7 @@ No video id is stored here: a tombstone is HMAC-SHA256(salt, video_id). The salt
 can read the store and guesses an id can confirm that it was erased; that is what a tombstone must allow (the store
 itself has to recognise the id when it comes back), and it is why the log holds no id hashes at all.
 
-A bottom-layer module (imports only the store): registry.py reads the tombstones when it registers a dataset or cuts
+A bottom-layer module (imports only the store): datasets.py reads the tombstones when it registers a dataset or cuts
 a shard, and forget.py writes them.
 """
 from __future__ import annotations

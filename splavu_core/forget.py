@@ -40,14 +40,13 @@ from . import erasure
 from .catalog import build_catalog, catalog_dir
 from .ledger import (current_version, log_erasure_override, read_versions, refused_versions, retire_versions,
                      retired_versions)
-from .neighbors import _fresh, index_dir, write_index
-from .publish import _features, anonymized_key, published_shards
-from .registrations import registered
-from .roles import ROLES, roles_of
+from .neighbors import index_dir, index_is_fresh, write_index
+from .publish import anonymized_key, feature_matrix, published_shards
+from .datasets import ROLES, registered, roles_of
+from .settings import settings
 from .store import FeatureStore, ShardLatents, StoreError, labels_key
 from .storefs import join
 
-CRASH_ENV = "SPLAVU_FORGET_CRASH_AFTER"   # tests: SIGKILL this process at the N-th checkpoint of a request
 VECTOR_TOL = 1e-6
 SHARD_LAYERS = ("latents", "anonymized", "manifests", "labels")  # rewritten per shard, not by the cache sweep
 KEPT_OUT_OF_SWEEP = ("aam", "datasets", "erasure", "_locks", "neighbors")
@@ -138,7 +137,7 @@ def _checkpoint(store: FeatureStore, journal: dict, label: str) -> None:
     """Persist the journal; under $SPLAVU_FORGET_CRASH_AFTER=N the N-th checkpoint kills this process (tests)."""
     _save(store, journal)
     _checkpoint.count = getattr(_checkpoint, "count", 0) + 1
-    if os.environ.get(CRASH_ENV) == str(_checkpoint.count):
+    if settings().forget_crash_after == _checkpoint.count:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -274,7 +273,7 @@ def _manifest_hash_after(store: FeatureStore, shard: str, marker: dict) -> str:
     """The hash a re-extraction of the shard computes now (tombstoned rows left out), so that it finds the shard
     up to date instead of extracting it again; the old one where the user's manifest cannot be read."""
     from .extract import manifest_hash
-    from .registry import shard_rows
+    from .datasets import shard_rows
 
     try:
         return manifest_hash(shard_rows(store, shard)[1])
@@ -395,7 +394,7 @@ def _erase_indexes(store: FeatureStore) -> list[dict]:
     rows, base = [], index_dir(store, "x").parent
     serving = {current_version(store)} | (set(read_versions(store)["version"].to_pylist()) - set(refused_versions(store)))
     for d in sorted(base.glob("*")) if base.is_dir() else []:
-        if d.name.startswith(".") or _fresh(store, d.name):
+        if d.name.startswith(".") or index_is_fresh(store, d.name):
             continue
         if d.name in serving and published_shards(store, d.name):
             meta = write_index(store, d.name)
@@ -455,7 +454,7 @@ def former_vectors(store: FeatureStore, ids: set, shards) -> list[np.ndarray]:
             key = anonymized_key(v, shard)
             if store.fs.isfile(key):
                 t = store.fs.read_parquet(key)
-                out.append(_features(t.filter(pa.array(~_keep_mask(t["video_id"], ids)))))
+                out.append(feature_matrix(t.filter(pa.array(~_keep_mask(t["video_id"], ids)))))
     return [np.asarray(a, np.float32) for a in out if len(a)]
 
 
@@ -483,7 +482,7 @@ def _decoded_arrays(fs, key: str):
         t = fs.read_parquet(key)
         for f in t.schema:
             if (pa.types.is_fixed_size_list(f.type) or pa.types.is_list(f.type)) and pa.types.is_floating(f.type.value_type):
-                yield _features(t.select([f.name]).rename_columns(["feature"]))
+                yield feature_matrix(t.select([f.name]).rename_columns(["feature"]))
         yield t
     elif key.endswith(".npy"):
         yield np.load(fs.loc(key), mmap_mode="r") if fs.local else np.load(io.BytesIO(fs.read_bytes(key)))

@@ -72,10 +72,10 @@ def anonymized_for(store: FeatureStore, version: str, dataset: str, raw_videos):
     """The version's features of `dataset`: its published tables when complete, else its adapter in memory
     (identical rows, see suite.anonymize_videos). Returns (videos, source)."""
     from .aam.io import load_adapter
-    from .evaluation.suite import _raw_shards, anonymize_videos
+    from .evaluation.suite import raw_shards, anonymize_videos
     from .publish import load_video_features, published_shards
 
-    shards = _raw_shards(store, dataset)
+    shards = raw_shards(store, dataset)
     if shards and set(shards) <= published_shards(store, version):
         return load_video_features(store, source="anonymized", version=version, shards=shards), "published"
     adapter_dir = store.loc("aam", version)
@@ -100,16 +100,16 @@ def measure_gates(store: FeatureStore, version: str, base_seed: int = 0, n_seeds
     privacy m = {raw_cmap, anonymized_cmap, chance_cmap, leakage_removed, leakage_removed_ci_low/high, ...} and a
     utility m = {raw, anon, chance, retention, retention_ci_low/high, no_signal, anon_at_chance}."""
     from .evaluation.scoring import score_sets
-    from .evaluation.suite import _raw_shards, _shard_state, load_feature_sets
-    from .roles import task_datasets
+    from .evaluation.suite import raw_shards, shard_hashes, load_feature_sets
+    from .datasets import task_datasets
 
     ds = task_datasets(store, {k: v for k, v in (datasets or {}).items() if v and v != "none"})
     if (datasets or {}).get("clip_privacy") == "none":
         ds["clip_privacy"] = None
     seen = seen_tasks(store, version) if utility else []  # utility=False: the utility gate is off, not measured
-    which = [t for t in (*PRIVACY_TASKS, *seen) if ds.get(t) and _raw_shards(store, ds[t])]
+    which = [t for t in (*PRIVACY_TASKS, *seen) if ds.get(t) and raw_shards(store, ds[t])]
     seeds = list(range(base_seed, base_seed + n_seeds))
-    shard_state = {t: _shard_state(store, _raw_shards(store, ds[t])) for t in which}
+    shard_state = {t: shard_hashes(store, raw_shards(store, ds[t])) for t in which}
     key = _key({"version": version, "shards": shard_state, "seeds": seeds, "probe": probe_kwargs or {},
                 "datasets": {t: ds[t] for t in which}, "fingerprint": store.encoder_fingerprint(), "protocol": 3})
     cache = f"reports/gates/{version}.json"

@@ -16,12 +16,12 @@ rules themselves (budget_verdict, utility_verdict) are pure functions on measure
 from __future__ import annotations
 
 import json
-import os
 from datetime import datetime, timezone
 
 import pyarrow as pa
 
 from .store import FeatureStore, StoreError
+from .settings import settings
 
 VERSIONS_KEY = "aam_versions.parquet"
 PROMOTIONS_FILE = "aam_promotions.json"  # versions made current (automatically or by hand), and when
@@ -34,10 +34,6 @@ VERSIONS_SCHEMA = pa.schema([("version", pa.string()), ("encoder_fingerprint", p
                              ("created_at", pa.timestamp("us", tz="UTC")), ("is_current", pa.bool_()),
                              ("promotion", pa.string())])
 
-PRIVACY_BUDGET_ENV = "SPLAVU_PRIVACY_BUDGET"
-DEFAULT_PRIVACY_BUDGET = 0.5      # share of above-chance leakage to remove, on the CI's lower end (<= 0: off)
-UTILITY_GATE_ENV = "SPLAVU_UTILITY_GATE"
-DEFAULT_UTILITY_GATE = 0.9   # share of the raw features' above-chance utility a seen task must keep (<= 0: off)
 
 
 class PublishError(StoreError):
@@ -68,7 +64,7 @@ def read_versions(store: FeatureStore) -> pa.Table:
     return t.select(VERSIONS_SCHEMA.names).cast(VERSIONS_SCHEMA)
 
 
-def _write_versions(store: FeatureStore, rows: list[dict]) -> pa.Table:
+def write_versions(store: FeatureStore, rows: list[dict]) -> pa.Table:
     # at most one current; none until a version is promoted (published everywhere and through both gates)
     assert sum(bool(r["is_current"]) for r in rows) <= 1, "more than one current AAM version"
     table = pa.Table.from_pylist([{k: r.get(k) for k in VERSIONS_SCHEMA.names} for r in rows], schema=VERSIONS_SCHEMA)
@@ -101,7 +97,7 @@ def record_version(store: FeatureStore, version: str, meta: dict, metrics: dict 
         if make_current:
             for r in rows:
                 r["is_current"] = r["version"] == version
-        return _write_versions(store, rows)
+        return write_versions(store, rows)
 
 
 def set_current(store: FeatureStore, version: str, promotion: str | None = None) -> None:
@@ -114,7 +110,7 @@ def set_current(store: FeatureStore, version: str, promotion: str | None = None)
             r["is_current"] = r["version"] == version
             if r["version"] == version and promotion is not None:
                 r["promotion"] = promotion
-        _write_versions(store, rows)
+        write_versions(store, rows)
 
 
 def current_version(store: FeatureStore) -> str | None:
@@ -285,7 +281,7 @@ def retire_versions(store: FeatureStore, versions, why: str) -> str | None:
             rows = read_versions(store).to_pylist()
             for r in rows:
                 r["is_current"] = bool(r["is_current"]) and r["version"] not in versions
-            _write_versions(store, rows)
+            write_versions(store, rows)
         done = promoted_versions(store)
         if versions & set(done):
             store.fs.write_json(PROMOTIONS_FILE, {v: t for v, t in done.items() if v not in versions})
@@ -309,11 +305,11 @@ def log_auto_promotion(store: FeatureStore, version: str, previous: str | None, 
 # ---------------------------------------------------------------- the verdict rules (pure)
 
 def privacy_threshold(threshold: float | None = None) -> float:
-    return float(os.environ.get(PRIVACY_BUDGET_ENV, DEFAULT_PRIVACY_BUDGET)) if threshold is None else float(threshold)
+    return settings().privacy_budget if threshold is None else float(threshold)
 
 
 def utility_fraction(fraction: float | None = None) -> float:
-    return float(os.environ.get(UTILITY_GATE_ENV, DEFAULT_UTILITY_GATE)) if fraction is None else float(fraction)
+    return settings().utility_gate if fraction is None else float(fraction)
 
 
 def budget_verdict(measure: dict, threshold: float) -> tuple[bool, str]:

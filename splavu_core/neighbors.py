@@ -10,7 +10,7 @@ every query. Instead each version's published rows are written once, when it is 
         norms.npy      (N,)   the rows' norms (the query is the mean of a video's un-normalised clips)
         id_hash.npy    (N,)   uint64 hash of each row's video_id (finding a video's rows)
         ids.arrow      dataset, video_id, clip_index, split (Arrow IPC, memory-mapped)
-        ivf.faiss      only for tables of APPROX_MIN_ROWS rows or more (or when asked): the approximate index
+        ivf.faiss      only for tables of $SPLAVU_ANN_MIN_ROWS rows or more (or when asked): the approximate index
         index.json     the shards (and their tables' sizes) it was built from; used only while they match
 
 Two searches (benchmarks/neighbors.py measures both, side by side):
@@ -43,15 +43,14 @@ import pyarrow.compute as pc
 
 from .catalog import catalog_dir
 from .manifest import load_manifest
-from .publish import (_features, anonymized_key, current_version, published_shards, read_anonymized, read_versions,
+from .publish import (anonymized_key, current_version, feature_matrix, published_shards, read_anonymized, read_versions,
                       refused_versions)
-from .registrations import registered
-from .registry import dataset_of
+from .datasets import dataset_of, registered
 from .store import FeatureStore, StoreError
 from .ledger import budget_verdict, privacy_threshold, read_verdicts
+from .settings import settings
 
 BLOCK = 1 << 18        # rows per matrix-vector product of the exact search (1 MB of scores a block)
-APPROX_MIN_ROWS = int(os.environ.get("SPLAVU_ANN_MIN_ROWS", 10_000_000))  # tables this large get an IVF index
 RERANK = 128           # candidates the approximate search re-scores exactly
 MODES = ("auto", "exact", "approximate")
 
@@ -73,7 +72,7 @@ def _shard_files(store: FeatureStore, version: str) -> dict[str, int]:
 # ---------------------------------------------------------------- writing
 
 def _arrays(table: pa.Table) -> dict[str, np.ndarray]:
-    feats = _features(table).astype(np.float32, copy=False)
+    feats = feature_matrix(table).astype(np.float32, copy=False)
     norms = np.linalg.norm(feats, axis=1).astype(np.float32)
     unit = np.ascontiguousarray(feats / np.maximum(norms, 1e-12)[:, None], np.float32)
     return {"features": unit, "norms": norms, "id_hash": _hashes(table["video_id"].to_pylist())}
@@ -97,7 +96,7 @@ def default_lists(n: int) -> int:
 def build_ivf(unit: np.ndarray, nlist: int | None = None, seed: int = 0):
     """A faiss IVF index (inner product, 8-bit scalar quantizer) over L2-normalised rows; k-means on a fixed sample
     of 64 rows per list."""
-    import faiss  # here: a 0.4 s import that only the approximate mode (tables past APPROX_MIN_ROWS) needs
+    import faiss  # here: a 0.4 s import that only the approximate mode (tables past $SPLAVU_ANN_MIN_ROWS) needs
 
     n, d = unit.shape
     nlist = min(nlist or default_lists(n), n)
@@ -125,10 +124,10 @@ def _read_version(store: FeatureStore, version: str) -> tuple[pa.Table, dict[str
 
 def write_index(store: FeatureStore, version: str, approximate: bool | None = None, nlist: int | None = None) -> dict:
     """(Re)write the neighbour index of `version` from its published tables; atomic (folder rename).
-    approximate: also write the faiss IVF index (None: when the table has APPROX_MIN_ROWS rows or more)."""
+    approximate: also write the faiss IVF index (None: when the table has $SPLAVU_ANN_MIN_ROWS rows or more)."""
     t0 = time.perf_counter()
     table, rows = _read_version(store, version)
-    approximate = table.num_rows >= APPROX_MIN_ROWS if approximate is None else approximate
+    approximate = table.num_rows >= settings().ann_min_rows if approximate is None else approximate
     final = index_dir(store, version)
     tmp = final.parent / f".tmp-{version}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
@@ -178,12 +177,12 @@ def refresh_indexes(store: FeatureStore) -> dict:
     for v in read_versions(store)["version"].to_pylist():
         if v in refused and v != current_version(store):  # a refused table is not for analysts: no index
             continue
-        if published_shards(store, v) and not _fresh(store, v):
+        if published_shards(store, v) and not index_is_fresh(store, v):
             written.append(write_index(store, v)["version"])
     return {"written": written, "pruned": prune_indexes(store)}
 
 
-def _fresh(store: FeatureStore, version: str) -> bool:
+def index_is_fresh(store: FeatureStore, version: str) -> bool:
     try:
         meta = json.loads((index_dir(store, version) / "index.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
@@ -225,7 +224,7 @@ class Index:
     @classmethod
     def open(cls, store: FeatureStore, version: str) -> "Index":
         d = index_dir(store, version)
-        if _fresh(store, version):
+        if index_is_fresh(store, version):
             ivf = None
             if (d / "ivf.faiss").is_file():
                 import faiss  # see build_ivf
@@ -258,7 +257,7 @@ class Index:
             return exact_top_k(self.features, q, k, exclude)
         if self.ivf is None:
             raise NeighborsError(f"AAM version {self.version} has no approximate index (tables of "
-                                 f"{APPROX_MIN_ROWS:,}+ rows get one; `splavu publish` writes it): search it exactly")
+                                 f"{settings().ann_min_rows:,}+ rows get one; `splavu publish` writes it): search it exactly")
         self.ivf.nprobe = int(nprobe)
         want = max(RERANK, k) + len(exclude)  # the own clips come back too, and are dropped
         _, cand = self.ivf.search(q[None, :], want)
@@ -287,7 +286,7 @@ def neighbors(store: FeatureStore, video_id: str, k: int = 10, reduce: str = "me
     """The k clips of `version`'s anonymized table (default: the current one) most cosine-similar to the mean
     (or first) clip of `video_id`, its own clips left out: video_id, clip_index, split, similarity, dataset.
     mode: "exact", "approximate" (the version's IVF index, `nprobe` lists), or "auto" (approximate when the
-    version has an IVF index, i.e. a table of APPROX_MIN_ROWS rows or more; else exact)."""
+    version has an IVF index, i.e. a table of $SPLAVU_ANN_MIN_ROWS rows or more; else exact)."""
     if reduce not in ("mean", "first"):
         raise NeighborsError(f"reduce must be 'mean' or 'first', got {reduce!r}")
     if k < 1:

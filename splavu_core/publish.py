@@ -28,10 +28,10 @@ import pyarrow.compute as pc
 
 from .features import VideoFeatures
 from .ledger import (PROMOTIONS_FILE, REFUSALS_FILE, VERSIONS_KEY, VERSIONS_SCHEMA,  # noqa: F401  (the version
-                     PublishError, _write_versions, approved_versions, current_version,  # ledger moved to ledger.py;
+                     PublishError, write_versions, approved_versions, current_version,  # ledger moved to ledger.py;
                      promoted_versions, read_versions, record_refusal, record_version,  # re-exported for callers)
                      refused_versions, set_current, versions_path)
-from .registry import dataset_of
+from .datasets import dataset_of
 from .store import FeatureStore, StoreError
 from .storefs import join
 
@@ -71,7 +71,7 @@ def _now() -> datetime:
 
 # ---------------------------------------------------------------- guards
 
-def _features(table: pa.Table) -> np.ndarray:
+def feature_matrix(table: pa.Table) -> np.ndarray:
     """The `feature` column (fixed-size or plain list of float32) as an (N, D) float32 array."""
     col = table.column("feature").combine_chunks()
     n = len(col)
@@ -100,7 +100,7 @@ def assert_no_raw_latents(table: pa.Table, raw_clips: np.ndarray) -> None:
     """Raise if any published feature row equals (bit for bit, as float32) any raw latent row.
 
     Exact equality via row hashes, not np.allclose per pair: O(N) instead of O(N^2)."""
-    pub = _features(table)
+    pub = feature_matrix(table)
     raw = np.asarray(raw_clips, np.float32)
     if len(pub) == 0 or len(raw) == 0:
         return
@@ -156,7 +156,7 @@ def _load_checked_adapter(store: FeatureStore, adapter_dir):
     return adapter, cfg, meta
 
 
-def _run_adapter(adapter, cfg, clips: np.ndarray, video_ids: np.ndarray, clip_index: np.ndarray,
+def run_adapter(adapter, cfg, clips: np.ndarray, video_ids: np.ndarray, clip_index: np.ndarray,
                  chunk: int = CHUNK_ROWS) -> np.ndarray:
     """f_A over a shard's clips, row order kept. Lone clips (N, D) unless the adapter attends across
     a video's clips (cfg.clip_context), in which case whole videos go in as padded (B, T, D)."""
@@ -227,7 +227,7 @@ def anonymize_shard(store: FeatureStore, shard: str, adapter_dir) -> dict:
             raise PublishError(f"shard {shard!r} has {clips.shape[1]}-d latents, adapter {adapter_dir} expects {cfg.dim}")
         index = data.index.select(list(INDEX_COLUMNS))
         vids = index["video_id"].to_numpy(zero_copy_only=False)
-        feats = _run_adapter(adapter, cfg, clips, vids, index["clip_index"].to_numpy())
+        feats = run_adapter(adapter, cfg, clips, vids, index["clip_index"].to_numpy())
         if not np.isfinite(feats).all():
             raise PublishError(f"adapter {adapter_dir} produced non-finite features on shard {shard!r}")
         max_change = assert_not_identity(clips, feats)
@@ -256,8 +256,6 @@ def published_shards(store: FeatureStore, version: str) -> set[str]:
     return {k.rsplit("/", 1)[-1][:-len(".parquet")] for k in store.fs.glob(anonymized_key(version), ".parquet")}
 
 
-_published_shards = published_shards
-
 
 def apply_retention(store: FeatureStore, keep: int) -> dict:
     """Delete anonymized/<version>/ of all recorded versions but the newest `keep` (by created_at)
@@ -270,14 +268,14 @@ def apply_retention(store: FeatureStore, keep: int) -> dict:
         kept = {r["version"] for r in rows[:keep]} | {r["version"] for r in rows if r["is_current"]}
         recorded = {r["version"] for r in rows}
         raw = set(store.committed_shards())
-        covered = set().union(*(_published_shards(store, v) for v in kept)) if kept else set()
+        covered = set().union(*(published_shards(store, v) for v in kept)) if kept else set()
         deleted, protected, freed = [], [], 0
         for r in rows:
             v = r["version"]
             d = anonymized_key(v)
             if v in kept or not store.fs.isdir(d):
                 continue
-            for shard in sorted(_published_shards(store, v)):
+            for shard in sorted(published_shards(store, v)):
                 if shard not in raw and shard not in covered:
                     protected.append(f"{v}/{shard}")
                     covered.add(shard)  # one copy is enough
@@ -365,7 +363,7 @@ def read_anonymized(store: FeatureStore, version: str | None = None, shards: lis
     return pa.concat_tables(tables)
 
 
-def _manifest_rows(store: FeatureStore, shard: str) -> dict[str, dict]:
+def shard_manifest_rows(store: FeatureStore, shard: str) -> dict[str, dict]:
     rows = {}
     for r in store.read_shard_manifest(shard).to_pylist():
         meta = {k: None for k in META_DEFAULTS}
@@ -406,7 +404,7 @@ def load_video_features(store: FeatureStore, source: str = "raw", version: str |
         available = store.committed_shards()
     else:
         version = _version_or_current(store, version)
-        available = sorted(_published_shards(store, version))
+        available = sorted(published_shards(store, version))
     if shards is not None:
         missing = sorted(set(shards) - set(available))
         if missing:
@@ -421,6 +419,6 @@ def load_video_features(store: FeatureStore, source: str = "raw", version: str |
             index, feats = data.index, data.clips
         else:
             index = _read_parquet(store, anonymized_key(version, shard))
-            feats = _features(index)
-        videos += _group_videos(shard, index, feats, _manifest_rows(store, shard))
+            feats = feature_matrix(index)
+        videos += _group_videos(shard, index, feats, shard_manifest_rows(store, shard))
     return videos

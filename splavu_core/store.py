@@ -55,6 +55,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .storefs import StoreError, StoreFS, join, open_root
+from .settings import settings
 
 CLIP_INDEX_SCHEMA = pa.schema([("video_id", pa.string()), ("clip_index", pa.int32()), ("start_frame", pa.int32()),
                                ("end_frame", pa.int32()), ("start_s", pa.float64()), ("end_s", pa.float64()),
@@ -67,7 +68,7 @@ READ_RETRIES = 5  # a reader that sees the marker change under it this often in 
 
 
 def default_root() -> str:
-    return os.environ.get("SPLAVU_STORE", "./store")
+    return settings().store
 
 
 @dataclass

@@ -55,6 +55,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .settings import SettingsError, settings
+
 URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 CONDITIONAL_PROTOCOLS = ("s3", "s3a", "memory")   # where put_if_absent / leases are implemented
 LOCKS_DIR = "_locks"
@@ -73,16 +75,11 @@ def is_url(root) -> bool:
 
 
 def env_storage_options() -> dict:
-    raw = os.environ.get("SPLAVU_STORAGE_OPTIONS", "").strip()
-    if not raw:
-        return {}
+    """$SPLAVU_STORAGE_OPTIONS (splavu_core.settings); a bad value is a StoreFSError naming it."""
     try:
-        opts = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise StoreFSError(f"$SPLAVU_STORAGE_OPTIONS is not valid JSON ({e}); expected an object of fsspec options") from e
-    if not isinstance(opts, dict):
-        raise StoreFSError(f"$SPLAVU_STORAGE_OPTIONS must be a JSON object of fsspec options, got {type(opts).__name__}")
-    return opts
+        return dict(settings().storage_options)
+    except SettingsError as e:
+        raise StoreFSError(str(e)) from e
 
 
 def open_root(root, storage_options: dict | None = None) -> "StoreFS":
@@ -585,7 +582,7 @@ class ObjectFS(StoreFS):
 # ==================================================================== leases (locks on object stores)
 
 def lock_ttl_s() -> float:
-    return float(os.environ.get("SPLAVU_LOCK_TTL_S", "60"))
+    return settings().lock_ttl_s
 
 
 class Lease:

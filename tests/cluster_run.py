@@ -17,7 +17,7 @@ import signal
 import sys
 
 import dagster as dg
-from dagster._serdes import deserialize_value
+from dagster import deserialize_value
 
 from pipeline.executors import code_location_job
 

@@ -59,7 +59,7 @@ def tiny_store(tiny_bench, tiny_videomae, tmp_path_factory):
     """A store with the tiny benchmark's latents (tiny random VideoMAE), extracted through Dagster."""
     import dagster as dg
 
-    from pipeline.resources import EncoderResource, StoreResource
+    from assets.resources import EncoderResource, StoreResource
     from pipeline.runner import ingest, materialize_shard
 
     bench, _ = tiny_bench
@@ -77,7 +77,7 @@ def run_baseline(tiny_videomae):
     """Materialise one pixel baseline's latents (tiny encoder) in a store; returns its metadata values."""
     import dagster as dg
 
-    from pipeline.resources import EncoderResource, StoreResource
+    from assets.resources import EncoderResource, StoreResource
     from pipeline.runner import run_baselines
 
     def run(root, name, mask_source="none", datasets=()):

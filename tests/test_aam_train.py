@@ -139,7 +139,7 @@ def refuse(*a, **k):
     raise AssertionError("the encoder must never be loaded to train the AAM")
 vfm.load_encoder = refuse
 from assets.aam import aam_model
-from pipeline.resources import StoreResource
+from assets.resources import StoreResource
 res = dg.materialize([aam_model], resources={"store": StoreResource(root=sys.argv[1])}, run_config={"ops": {"aam_model": {"config": {
     "epochs": 2, "batch": 64, "layers": 1, "heads": 2, "sub_tokens": 4, "token_width": 16, "diagnose_steps": 50}}}})
 md = res.asset_materializations_for_node("aam_model")[0].metadata

@@ -49,7 +49,7 @@ def test_evaluate_says_each_skipped_task_once(tmp_path):
     from pipeline.cli import skip_lines
     from splavu_core.evaluation.scoring import score_sets
     from splavu_core.evaluation.suite import TASKS
-    from splavu_core.roles import task_datasets
+    from splavu_core.datasets import task_datasets
     from splavu_core.store import FeatureStore
 
     datasets = task_datasets(FeatureStore(tmp_path))  # nothing registered: every task lacks its dataset

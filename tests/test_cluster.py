@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from dagster._serdes import serialize_value
+from dagster import serialize_value
 
 from pipeline.executors import code_location_job, run_config_for
 
@@ -201,7 +201,7 @@ def extracted(tiny_bench, tiny_videomae, instance, cluster, tmp_path_factory):
     """With the only `encoder` slot held by someone else: dask extracts both tad shards in two concurrent
     runs (they finish: dask never asks for the slot); a multiprocess run of tad-000 waits for the slot
     until the test frees it."""
-    from pipeline.resources import StoreResource
+    from assets.resources import StoreResource
     from pipeline.runner import ingest
 
     bench, _ = tiny_bench
@@ -295,7 +295,7 @@ def test_run_granularity_makes_the_run_queue_hold_back_a_second_encoder_run(tmp_
     second extract_latents run queued while one is in progress; with the local default (op) it
     releases it, and the dask executor would then run two encoder steps at once."""
     from dagster._core.op_concurrency_limits_counter import GlobalOpConcurrencyLimitsCounter
-    from dagster._core.storage.dagster_run import DagsterRunStatus
+    from dagster import DagsterRunStatus
 
     from pipeline.definitions import defs
 

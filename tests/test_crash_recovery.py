@@ -18,11 +18,11 @@ REPO = Path(__file__).resolve().parents[1]
 # `splavu extract` whose extraction step never ends: it holds the encoder pool's slot until killed
 STALLED_EXTRACT = textwrap.dedent("""
     import sys, time
-    import pipeline.resources
+    import assets.resources
     def stall(*a, **k):  # inside the step, before the encoder loads: the slot is claimed by then
         print("holding the encoder slot", flush=True)
         time.sleep(3600)
-    pipeline.resources.EncoderResource.load = stall
+    assets.resources.EncoderResource.load = stall
     from pipeline.cli import main
     sys.exit(main(sys.argv[1:]))
 """)

@@ -68,8 +68,8 @@ def published(trained, tmp_path_factory):
 
 def _stand_in_anonymized():
     """anonymized_features as assets/anonymized.py defines it (publish the newest version's table of a shard)."""
-    from pipeline.partitions import shards
-    from pipeline.resources import StoreResource
+    from assets.partitions import shards
+    from assets.resources import StoreResource
 
     @dg.asset(name="anonymized_features", partitions_def=shards, deps=["clip_latents"])
     def anonymized_features(context: dg.AssetExecutionContext, store: StoreResource):
@@ -171,11 +171,11 @@ def test_anonymize_videos_matches_published_table(published):
 
 def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
     from assets import evaluation as ev
-    from pipeline.resources import StoreResource
+    from assets.resources import StoreResource
 
     root, version = published
     fs = FeatureStore(root)
-    monkeypatch.setenv(ev.UTILITY_GATE_ENV, "1e9")  # impossible: the warning must fire
+    monkeypatch.setenv("SPLAVU_UTILITY_GATE", "1e9")  # impossible: the warning must fire
     res = run_evaluation(StoreResource(root=str(root)), config=FAST_PROBES)
     assert res.success
 
@@ -264,7 +264,7 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
 
 def test_pixel_baselines_are_scored_and_costed_beside_splavu(published, run_baseline, tmp_path):
     from assets import evaluation as ev
-    from pipeline.resources import StoreResource
+    from assets.resources import StoreResource
     from splavu_core import costs
 
     src, version = published
@@ -322,8 +322,8 @@ def test_utility_retention_verdict_hand_checked():
 
 def test_privacy_budget_blocks_the_catalog_update(trained, tmp_path, monkeypatch):
     from assets import evaluation as ev
-    from pipeline.partitions import shards
-    from pipeline.resources import StoreResource
+    from assets.partitions import shards
+    from assets.resources import StoreResource
 
     root, version = trained
     fs = _copy(root, tmp_path / "store")
@@ -350,7 +350,7 @@ def test_privacy_budget_blocks_the_catalog_update(trained, tmp_path, monkeypatch
     assert dg.AssetKey("anonymized_features") in done and dg.AssetKey("feature_catalog") not in done
     assert not res.success
 
-    monkeypatch.setenv(ev.PRIVACY_BUDGET_ENV, "-1")  # the environment sets the budget when the config does not
+    monkeypatch.setenv("SPLAVU_PRIVACY_BUDGET", "-1")  # the environment sets the budget when the config does not
     res = run()
     (check,) = res.get_asset_check_evaluations()
     assert check.passed is True and check.metadata["threshold"].value == -1.0 and check.metadata["cached"].value
@@ -360,7 +360,7 @@ def test_privacy_budget_blocks_the_catalog_update(trained, tmp_path, monkeypatch
 
 def test_privacy_budget_fails_closed_without_a_privacy_set(trained, tmp_path):
     from assets import evaluation as ev
-    from pipeline.resources import StoreResource
+    from assets.resources import StoreResource
 
     root, _ = trained
     fs = _copy(root, tmp_path / "store")
@@ -373,7 +373,7 @@ def test_privacy_budget_fails_closed_without_a_privacy_set(trained, tmp_path):
 
 
 def _instance_with(fs):
-    from pipeline.partitions import shards
+    from assets.partitions import shards
 
     inst = dg.DagsterInstance.ephemeral()
     inst.add_dynamic_partitions(shards.name, fs.committed_shards())
@@ -453,7 +453,7 @@ def test_variant_configs():
 def test_definitions_load():
     from assets import aam, evaluation, latents, manifest
     from pipeline import ablations
-    from pipeline.resources import EncoderResource, StoreResource
+    from assets.resources import EncoderResource, StoreResource
 
     def real_or_stand_in(module, make):
         if importlib.util.find_spec(f"assets.{module}") is None:

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from pipeline.definitions import defs
-from pipeline.partitions import shards
-from pipeline.resources import EncoderResource, StoreResource
+from assets.partitions import shards
+from assets.resources import EncoderResource, StoreResource
 from pipeline.runner import ingest, materialize_shard
 from pipeline.sensors import inbox_sensor
 from splavu_core.extract import extract_shard
@@ -121,7 +121,7 @@ KILL_SCRIPT = textwrap.dedent("""
     import pyarrow.parquet as pq
     from splavu_core.encoders.vfm import load_encoder
     from splavu_core.extract import extract_shard, manifest_hash
-    from splavu_core.registry import shard_rows
+    from splavu_core.datasets import shard_rows
     from splavu_core.sampling import ClipSampling
     from splavu_core.store import FeatureStore
     store, shard, ckpt = FeatureStore(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -154,7 +154,7 @@ def test_killed_process_leaves_no_visible_shard_and_rerun_is_byte_identical(smal
 
 CONCURRENT_SCRIPT = textwrap.dedent("""
     import sys, dagster as dg
-    from pipeline.resources import EncoderResource, StoreResource
+    from assets.resources import EncoderResource, StoreResource
     from pipeline.runner import materialize_shard
     inst = dg.DagsterInstance.ephemeral()
     inst.add_dynamic_partitions("shards", [sys.argv[2]])

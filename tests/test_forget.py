@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.cli import main
-from pipeline.resources import EncoderResource, StoreResource
+from assets.resources import EncoderResource, StoreResource
 from pipeline.runner import materialize_shard, run_reanonymize
 from splavu_core import erasure
 from splavu_core import forget as fg
@@ -70,7 +70,7 @@ def vectors_of(fs: FeatureStore, ids: set) -> list[np.ndarray]:
             out.append(d.static[np.isin(vids, list(ids))].reshape(-1, d.static.shape[2]))
     for key in fs.fs.match("anonymized/*/*.parquet"):
         t = fs.fs.read_parquet(key)
-        out.append(pub._features(t)[np.isin(t["video_id"].to_numpy(zero_copy_only=False), list(ids))])
+        out.append(pub.feature_matrix(t)[np.isin(t["video_id"].to_numpy(zero_copy_only=False), list(ids))])
     return [a for a in out if len(a)]
 
 
@@ -105,7 +105,7 @@ def scan(files: dict[str, bytes], ids, vectors) -> list[str]:
                 if set(col.to_pylist()) & set(ids) or any(i in str(v) for v in set(col.to_pylist()) for i in ids):
                     found.append(f"id in {where}:{f.name}")
             elif pa.types.is_fixed_size_list(f.type) or pa.types.is_list(f.type):
-                check_vectors(f"{where}:{f.name}", pub._features(t.select([f.name]).rename_columns(["feature"])))
+                check_vectors(f"{where}:{f.name}", pub.feature_matrix(t.select([f.name]).rename_columns(["feature"])))
 
     for key, data in files.items():
         found += [f"id {i} in the bytes of {key}" for i in ids if i.encode() in data]
@@ -213,7 +213,7 @@ def test_killed_mid_request_then_rerun_completes(env, capsys):
     assert len(shards) == 2
     argv = ["--store", str(env.root), "forget", "--video", *ids, "--reason", "deletion request"]
     proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *argv], cwd=REPO, capture_output=True,
-                          env={**os.environ, fg.CRASH_ENV: "3", "PYTHONPATH": str(REPO)})  # after the first shard's commit
+                          env={**os.environ, "SPLAVU_FORGET_CRASH_AFTER": "3", "PYTHONPATH": str(REPO)})  # after the first shard's commit
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-3000:]
     assert fg.pending_requests(env.fs)  # the journal is there to finish it
     for shard in env.fs.committed_shards():  # every shard is whole: before or after, never half

@@ -109,7 +109,7 @@ def gated_store(tmp_path, monkeypatch):
 
 def _publish(store, version):
     from pipeline.runner import run_reanonymize
-    from pipeline.resources import StoreResource
+    from assets.resources import StoreResource
 
     inst = dg.DagsterInstance.ephemeral()
     return run_reanonymize(inst, StoreResource(root=str(store.root)), version=version)
@@ -209,9 +209,9 @@ def test_publish_never_makes_current_a_version_with_ar_at_chance(gated_store):
 def test_refused_version_shows_a_failed_blocking_check_in_dagster(gated_store):
     from assets.anonymized import anonymized_features
     from assets.evaluation import privacy_budget, utility_budget
-    from pipeline.partitions import shards
+    from assets.partitions import shards
     from pipeline.reanonymize import anonymize_run_config
-    from pipeline.resources import StoreResource
+    from assets.resources import StoreResource
 
     store = gated_store
     eraser = save_version(store, "eraser")

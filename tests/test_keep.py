@@ -99,7 +99,7 @@ def test_a_keep_adapter_publishes_k_wide_tables_end_to_end(tiny_store, tmp_path,
     """aam_model with keep = 4 (Dagster config, as a user sets it), then the shard's table, the catalog's typed
     view and the in-memory evaluation all see 4-wide features."""
     from assets.aam import aam_model
-    from pipeline.resources import StoreResource
+    from assets.resources import StoreResource
     from splavu_core.analyst import query
     from splavu_core.catalog import build_catalog
     from splavu_core.evaluation.scoring import score_sets

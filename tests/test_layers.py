@@ -87,3 +87,116 @@ def test_no_import_circle():
     known = modules()
     found = cycles({name: imports_of(name, path, known) for name, path in known.items()})
     assert not found, f"import circles: {[sorted(c) for c in found]}"
+
+
+# ---------------------------------------------------------------- one direction: splavu_core < assets < pipeline
+
+LAYER = {"splavu_core": 0, "assets": 1, "pipeline": 2}
+
+
+def upward_imports(known: dict) -> list[str]:
+    """`a -> b` for every import of a module from a package above the importer's."""
+    return sorted(f"{name} -> {t}" for name, path in known.items() for t in imports_of(name, path, known)
+                  if LAYER[t.split(".")[0]] > LAYER[name.split(".")[0]])
+
+
+def test_the_upward_reader_sees_an_upward_import():
+    assert upward_imports({"assets.a": _source("from pipeline.b import x\n"), "pipeline.b": _source(""),
+                           "splavu_core.c": _source("import assets.a\n")}) == ["assets.a -> pipeline.b",
+                                                                               "splavu_core.c -> assets.a"]
+
+
+def test_layers_point_one_way():
+    """assets/ never imports pipeline/, splavu_core/ neither of them (resources and partitions live in assets/)."""
+    found = upward_imports(modules())
+    assert not found, f"upward imports: {found}"
+
+
+# ---------------------------------------------------------------- dagster's public API only
+
+# The only private Dagster import: the dask workaround subclasses the context DaskExecutor.execute type-checks
+# (pipeline/dask_engine.py says why). Nothing else may join this list.
+PRIVATE_DAGSTER_ALLOWED = {("pipeline.dask_engine", "dagster._core.execution.context.system")}
+
+
+def private_dagster_imports(name: str, path: Path) -> set[tuple[str, str]]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+        mods += [f"{node.module}.{a.name}" for a in node.names] if isinstance(node, ast.ImportFrom) and \
+            node.module and not node.level else []
+        for m in mods:
+            parts = m.split(".")
+            if parts[0].startswith("dagster") and any(p.startswith("_") for p in parts[1:]):
+                found.add((name, ".".join(parts[:next(i for i, p in enumerate(parts) if p.startswith("_")) + 1])
+                           if isinstance(node, ast.Import) else node.module))
+    return found
+
+
+def test_the_dagster_reader_sees_a_private_import():
+    path = _source("import dagster._check as check\nfrom dagster._core.errors import E\nfrom dagster import _x\n"
+                   "from dagster_k8s import k8s_job_executor\n")
+    assert private_dagster_imports("m", path) == {("m", "dagster._check"), ("m", "dagster._core.errors"),
+                                                  ("m", "dagster")}
+
+
+def test_no_private_dagster_import():
+    found = set().union(*(private_dagster_imports(n, p) for n, p in modules().items()))
+    assert found == PRIVATE_DAGSTER_ALLOWED, f"private dagster imports beyond the allowed one: " \
+                                             f"{sorted(found - PRIVATE_DAGSTER_ALLOWED)}"
+    configs = [ROOT / "dagster.yaml", *(ROOT / "deploy").rglob("*.yaml")]
+    named = [f"{f.relative_to(ROOT)}: {line.strip()}" for f in configs for line in f.read_text().splitlines()
+             if "dagster._" in line.split("#")[0]]
+    assert not named, f"instance configs naming private dagster modules: {named}"
+
+
+# ---------------------------------------------------------------- no private helper across modules
+
+def private_names_used(name: str, path: Path, known: dict) -> list[str]:
+    """`module._name` uses of another project module: `from m import _x`, or `alias._x` of an imported module."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    tree, found, aliases = ast.parse(path.read_text()), [], {}
+
+    def resolve(node) -> str:
+        return ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else [])) \
+            if node.level else node.module
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = resolve(node)
+            for a in node.names:
+                full = f"{base}.{a.name}"
+                if full in known:
+                    aliases[a.asname or a.name] = full
+                elif base in known and base != name and a.name.startswith("_") and not a.name.startswith("__"):
+                    found.append(f"{name}: from {base} import {a.name}")
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in known:
+                    aliases[a.asname or a.name] = a.name if a.asname else a.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            target = aliases.get(ast.unparse(node.value))
+            if target and target != name:
+                found.append(f"{name}: {target}.{node.attr}")
+    return found
+
+
+def test_the_private_name_reader_sees_both_forms():
+    known = {"p.a": None, "p.b": None}
+    path = _source("from .a import _x, y\nfrom . import a\nimport p.b as pb\na._y()\npb._z\n")
+    assert sorted(private_names_used("p.c", path, known)) == ["p.c: from p.a import _x", "p.c: p.a._y", "p.c: p.b._z"]
+
+
+def test_no_private_helper_is_imported_across_modules():
+    known = modules()
+    found = [f for n, p in known.items() for f in private_names_used(n, p, known)]
+    assert not found, f"private names used outside their module (make them public or move them): {found}"
+
+
+def _source(text: str) -> Path:
+    import tempfile
+    f = Path(tempfile.mkdtemp()) / "m.py"
+    f.write_text(text)
+    return f

@@ -35,7 +35,7 @@ def test_index_holds_published_features_never_raw(store):
     version = publish(store, make_adapter(store), ["ar-000", "ar-001", "tad-000"])
     built = nn.write_index(store, version)
     feats = np.load(f"{built['path']}/features.npy")
-    published = pub._features(pub.read_anonymized(store, version))
+    published = pub.feature_matrix(pub.read_anonymized(store, version))
     unit = published / np.linalg.norm(published, axis=1, keepdims=True)
     ids = pa.ipc.open_file(pa.memory_map(f"{built['path']}/ids.arrow")).read_all()
     order = pub.read_anonymized(store, version)
@@ -115,7 +115,7 @@ def test_approximate_mode_probing_every_list_is_exact(store):
     for got in (approx, auto):
         assert got.drop_columns(["similarity"]).to_pylist() == exact.drop_columns(["similarity"]).to_pylist()
         np.testing.assert_allclose(got["similarity"].to_numpy(), exact["similarity"].to_numpy(), atol=1e-6)
-    small = nn.write_index(store, version)  # 30 rows: below APPROX_MIN_ROWS, so no IVF index
+    small = nn.write_index(store, version)  # 30 rows: below $SPLAVU_ANN_MIN_ROWS, so no IVF index
     assert small["ivf_lists"] is None and nn.Index.open(store, version).ivf is None
     with pytest.raises(nn.NeighborsError, match="no approximate index"):
         nn.neighbors(store, "ar-000_v1", k=5, version=version, mode="approximate")

@@ -250,7 +250,7 @@ def attempt_bytes(store: FeatureStore, shard: str) -> dict[str, str]:
 def test_killed_writer_leaves_nothing_visible_and_rerun_equals_a_clean_write(s3, small_dataset, tiny_videomae, tmp_path):
     import dagster as dg
 
-    from pipeline.resources import StoreResource
+    from assets.resources import StoreResource
     from pipeline.runner import ingest
 
     inst = dg.DagsterInstance.ephemeral()
@@ -288,12 +288,12 @@ def test_end_to_end_on_s3_matches_local_disk(s3, tiny_store, tiny_bench, tiny_vi
     import dagster as dg
 
     from pipeline.runner import run_reanonymize
-    from pipeline.resources import EncoderResource, StoreResource
+    from assets.resources import EncoderResource, StoreResource
     from pipeline.runner import ingest, materialize_shard
     from splavu_core import catalog as cat
     from splavu_core import publish as pub
     from splavu_core.aam.io import load_adapter
-    from splavu_core.registry import registered
+    from splavu_core.datasets import registered
     from test_reanonymize import cli, train_aam
 
     monkeypatch.setenv("SPLAVU_PRIVACY_BUDGET", "-1")  # a 2-epoch AAM on a random encoder: promotion mechanics only
@@ -323,8 +323,8 @@ def test_end_to_end_on_s3_matches_local_disk(s3, tiny_store, tiny_bench, tiny_vi
     table = pub.read_anonymized(store)
     raw = np.concatenate([local.read_shard(k, with_static=False).clips for k in keys])
     index = pa.concat_tables([local.read_shard(k, with_static=False).index for k in keys])
-    want = pub._run_adapter(adapter, cfg, raw, index["video_id"].to_numpy(zero_copy_only=False), index["clip_index"].to_numpy())
-    assert np.array_equal(pub._features(table), want)  # published on S3 = the adapter on the local raw latents
+    want = pub.run_adapter(adapter, cfg, raw, index["video_id"].to_numpy(zero_copy_only=False), index["clip_index"].to_numpy())
+    assert np.array_equal(pub.feature_matrix(table), want)  # published on S3 = the adapter on the local raw latents
 
     assert cat.catalog_path(store).is_file() and not store.fs.exists("catalog.duckdb")  # a local cache, not the bucket
     assert str(cat.catalog_path(store)).startswith(os.environ["SPLAVU_CATALOG_DIR"])

@@ -108,7 +108,7 @@ def test_published_table_schema_and_no_raw_rows(store):
     assert t.schema.field("created_at").type == pa.timestamp("us", tz="UTC")
     assert set(t["aam_version"].to_pylist()) == {version_of(ad)} and set(t["encoder_fingerprint"].to_pylist()) == {FP}
     raw = store.read_shard("ar-000", with_static=False)
-    feats = pub._features(t)
+    feats = pub.feature_matrix(t)
     assert np.isfinite(feats).all() and feats.shape == raw.clips.shape
     pub.assert_no_raw_latents(t, raw.clips)
     assert not np.isclose(feats, raw.clips, atol=1e-4).all(axis=1).any()
@@ -129,7 +129,7 @@ def test_clip_context_adapter_sees_whole_videos(store):
         rows = rows[np.argsort(raw.index["clip_index"].to_numpy()[rows])]  # temporal order
         with torch.no_grad():
             want = adapter(torch.from_numpy(raw.clips[rows][None]))[0].numpy()
-        assert np.allclose(pub._features(t)[rows], want, atol=1e-6)
+        assert np.allclose(pub.feature_matrix(t)[rows], want, atol=1e-6)
 
 
 def test_no_raw_latents_guard_catches_a_leak(store):
@@ -223,7 +223,7 @@ def test_load_video_features_raw_and_anonymized(store):
     # clip order is temporal even though the raw index stores clips out of order
     t = pub.read_anonymized(store, v, shards=["ar-000"])
     first = t.filter(pa.compute.equal(t["video_id"], "ar-000_v1"))
-    by_clip = dict(zip(first["clip_index"].to_pylist(), pub._features(first)))
+    by_clip = dict(zip(first["clip_index"].to_pylist(), pub.feature_matrix(first)))
     assert np.array_equal(b.feats, np.stack([by_clip[c] for c in range(3)]))
 
 

@@ -6,7 +6,7 @@ import dagster as dg
 import numpy as np
 import pytest
 
-from pipeline.resources import StoreResource
+from assets.resources import StoreResource
 from pipeline.runner import ingest
 from splavu_core.encoders.vfm import load_encoder
 from splavu_core.extract import extract_shard

@@ -24,7 +24,7 @@ from pipeline.cli import main
 from pipeline.reanonymize import (anonymize_new_shards, build_reanonymize_schedule, reanonymize_job,
                                   reanonymize_on_new_aam, reanonymize_schedule, refresh_catalog_job,
                                   refresh_catalog_sensor)
-from pipeline.resources import StoreResource
+from assets.resources import StoreResource
 from pipeline.runner import run_reanonymize
 from splavu_core import publish as pub
 from splavu_core import analyst
@@ -57,7 +57,7 @@ def execute(env, req: dg.RunRequest) -> dict:
 def local_defs(store: StoreResource) -> dg.Definitions:
     """What pipeline/definitions.py wires up for this issue (plus the assets it builds on)."""
     from assets import aam, anonymized, catalog, latents, manifest
-    from pipeline.resources import EncoderResource
+    from assets.resources import EncoderResource
 
     return dg.Definitions(
         assets=dg.load_assets_from_modules([manifest, latents, aam, anonymized, catalog]),
@@ -99,12 +99,12 @@ def cli(capsys, *argv) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def env(tiny_store, tiny_bench, tmp_path_factory):
-    import pipeline.resources
+    import assets.resources
     import splavu_core.encoders.vfm
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(splavu_core.encoders.vfm, "load_encoder", refuse)
-        mp.setattr(pipeline.resources, "load_encoder", refuse)
+        mp.setattr(assets.resources, "load_encoder", refuse)
         # a 2-epoch AAM on a random tiny encoder cannot meet a real privacy budget; promotion mechanics are
         # tested here with the gate open, the gate itself in test_a_version_failing_the_budget_stays_out
         mp.setenv("SPLAVU_PRIVACY_BUDGET", "-1")
@@ -252,7 +252,7 @@ def test_new_aam_sensor_rolls_out_a_second_version(env):
 
 
 def test_catalog_sensor_waits_for_reanonymize_runs_then_rebuilds_once(env):
-    from dagster._core.storage.dagster_run import DagsterRun
+    from dagster import DagsterRun
 
     tick = sensor_tick(refresh_catalog_sensor, env)
     assert len(tick.run_requests) == 1 and tick.cursor
@@ -269,7 +269,7 @@ def test_catalog_sensor_waits_for_reanonymize_runs_then_rebuilds_once(env):
 
 
 def test_new_shard_sensor_requests_only_shards_lacking_tables(env):
-    from splavu_core.registry import register_dataset
+    from splavu_core.datasets import register_dataset
 
     fs = env.fs
     # a new dataset arrives (as from the inbox): register it, and give it latents (a copy of ar-000's)
@@ -378,7 +378,7 @@ def refuse(*a, **k):
     raise AssertionError("the encoder must never be loaded")
 vfm.load_encoder = refuse
 from pipeline.runner import run_reanonymize
-from pipeline.resources import StoreResource
+from assets.resources import StoreResource
 out = run_reanonymize(dg.DagsterInstance.ephemeral(), StoreResource(root=sys.argv[1]), shard_keys=[sys.argv[2]])
 print(json.dumps({"skipped": out["shards"][sys.argv[2]]["skipped"], "views": out["catalog"]["views"],
                   "transformers_imported": "transformers" in sys.modules}))

@@ -1,14 +1,14 @@
-"""Dataset roles (splavu_core.roles): registration, defaults from the demo's names, what training can use."""
+"""Dataset roles (splavu_core.datasets): registration, defaults from the demo's names, what training can use."""
 import json
 import shutil
 
 import dagster as dg
 import pytest
 
-from pipeline.resources import StoreResource
+from assets.resources import StoreResource
 from pipeline.sensors import inbox_sensor
-from splavu_core.registry import register_dataset, registered
-from splavu_core.roles import RoleError, describe_registration, parse_roles, task_datasets, training_plan
+from splavu_core.datasets import (RoleError, describe_registration, parse_roles, register_dataset, registered, task_datasets,
+                                  training_plan)
 from splavu_core.store import FeatureStore
 
 

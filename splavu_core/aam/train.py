@@ -489,7 +489,7 @@ def load_training_data(store, ar: str | None = "ar", tad: str | None = "tad", ad
 
     Every attr_* label is dropped on load (see `load_oracle_labels` for the one diagnostic that reads them)."""
     from ..publish import load_video_features
-    from ..registry import registered
+    from ..datasets import registered
 
     regs = registered(store)
     wanted = [d for d in dict.fromkeys((ar, tad, ad)) if d]
@@ -530,11 +530,11 @@ def load_oracle_labels(store, data: TrainingData) -> TrainingData:
     """DIAGNOSTIC ONLY (the `oracle` variant): the training videos' private attr_* labels from their manifests.
 
     Raises unless every static-bearing training video has every attribute. Never called by default training."""
-    from ..publish import _manifest_rows
+    from ..publish import shard_manifest_rows
 
     rows = {}
     for shard in store.committed_shards():
-        for vid, meta in _manifest_rows(store, shard).items():
+        for vid, meta in shard_manifest_rows(store, shard).items():
             rows[vid] = meta
     cols = sorted({k for i in data.static_ids for k, v in (rows.get(i) or {}).items()
                    if k.startswith("attr_") and v is not None})

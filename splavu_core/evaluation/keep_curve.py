@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from ..aam.keep import apply_keep
 from ..aam.train import TrainConfig, fit_utility_keep, load_training_data
 from ..ledger import privacy_threshold, utility_fraction
-from ..roles import task_datasets, training_plan
+from ..datasets import task_datasets, training_plan
 from ..store import FeatureStore
 from .attackers import SUITE_NAMES
 from .scoring import score_sets

@@ -259,7 +259,7 @@ def score_features(store, features_fn: Callable | None = None, split: str = "val
     map applied to a (T, D) array works as is). Or pass `features`: dataset -> videos already transformed.
     Returns rows (see module doc): raw rows, the candidate's rows and its paired changes vs raw
     (delta_*, retention_*, leakage_removed), each with value, sd, ci_low, ci_high, chance, n_seeds."""
-    from ..roles import task_datasets as role_datasets
+    from ..datasets import task_datasets as role_datasets
     from .suite import load_feature_sets
 
     ds = role_datasets(store, dict(datasets or {}))

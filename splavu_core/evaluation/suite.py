@@ -84,12 +84,12 @@ def relative_change_or_none(raw, new) -> float | None:
 
 # ---------------------------------------------------------------- the metrics table
 
-def _safe(name: str) -> str:
+def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.]+", "_", name)
 
 
 def metrics_key(feature_set: str, aam_version: str | None) -> str:
-    return f"metrics/{_safe(feature_set)}-{_safe(aam_version or RAW)}.parquet"
+    return f"metrics/{safe_name(feature_set)}-{safe_name(aam_version or RAW)}.parquet"
 
 
 def metrics_table(rows: Sequence[dict]) -> pa.Table:
@@ -238,8 +238,8 @@ def task_datasets(which: Sequence[str], datasets: Mapping[str, str] | None = Non
     return {t: datasets[t] for t in which}
 
 
-def _raw_shards(store: FeatureStore, dataset: str) -> list[str]:
-    from ..registry import dataset_of
+def raw_shards(store: FeatureStore, dataset: str) -> list[str]:
+    from ..datasets import dataset_of
 
     return [s for s in store.committed_shards() if dataset_of(s) == dataset]
 
@@ -251,15 +251,15 @@ def load_feature_sets(store: FeatureStore, which: Sequence[str], source: str, ve
     A dataset with no committed raw shards is left out (its tasks get skipped). For source='anonymized'
     every committed raw shard of the dataset must have a table of `version`: a partial table would
     silently score a subset, so it raises instead."""
-    from ..publish import PublishError, _published_shards, load_video_features
+    from ..publish import PublishError, load_video_features, published_shards
 
     out = {}
     for ds in dict.fromkeys(task_datasets(which, datasets).values()):
-        shards = _raw_shards(store, ds)
+        shards = raw_shards(store, ds)
         if not shards:
             continue
         if source == "anonymized":
-            missing = sorted(set(shards) - _published_shards(store, version))
+            missing = sorted(set(shards) - published_shards(store, version))
             if missing:
                 raise PublishError(f"AAM version {version} has no anonymized tables for shard(s) {missing} of "
                                    f"dataset {ds!r}: materialise anonymized_features for them first")
@@ -272,7 +272,7 @@ def load_feature_sets(store: FeatureStore, which: Sequence[str], source: str, ve
 def anonymize_videos(adapter, videos: Sequence[VideoFeatures]) -> list[VideoFeatures]:
     """f_A applied to each video's clips in memory: the same rows `anonymize_shard` would publish (same
     batching code), each video a new VideoFeatures with the same labels."""
-    from ..publish import _run_adapter
+    from ..publish import run_adapter
 
     videos = list(videos)
     if not videos:
@@ -281,7 +281,7 @@ def anonymize_videos(adapter, videos: Sequence[VideoFeatures]) -> list[VideoFeat
     clips = np.ascontiguousarray(np.concatenate([v.feats for v in videos]), np.float32)
     vids = np.concatenate([[i] * len(v.feats) for i, v in enumerate(videos)]).astype(str)
     clip_index = np.concatenate([np.arange(len(v.feats)) for v in videos])
-    feats = _run_adapter(adapter, adapter.cfg, clips, vids, clip_index)
+    feats = run_adapter(adapter, adapter.cfg, clips, vids, clip_index)
     bounds = np.cumsum([0] + [len(v.feats) for v in videos])
     return [dataclasses.replace(v, feats=np.ascontiguousarray(feats[a:b]), meta=dict(v.meta))
             for v, a, b in zip(videos, bounds[:-1], bounds[1:])]
@@ -297,9 +297,9 @@ def newest_version(store: FeatureStore) -> str | None:
     return _newest(store) or current_version(store)
 
 
-def _shard_state(store: FeatureStore, shards: Sequence[str]) -> list:
+def shard_hashes(store: FeatureStore, shards: Sequence[str]) -> list:
     return [(s, (store.committed(s) or {}).get("manifest_hash")) for s in shards]
 
 
-def _key(obj) -> str:
+def config_key(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]

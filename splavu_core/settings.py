@@ -1,0 +1,190 @@
+"""Every `SPLAVU_*` environment variable, in one typed, documented, frozen object.
+
+    from splavu_core.settings import settings
+    settings().privacy_budget        # float, from $SPLAVU_PRIVACY_BUDGET or 0.5
+
+Nothing reads a `SPLAVU_*` variable anywhere else (tests/test_settings.py checks the source), and nothing reads one
+when a module is imported: `settings()` reads the environment when it is called. It is parsed once per distinct set
+of `SPLAVU_*` values (a cache keyed on them), so a process that changes its environment (a test's monkeypatch, the
+CLI exporting --store) sees the change on the next call, and an unchanged environment is never parsed twice.
+`read_settings(env)` parses any mapping (tests, `pipeline.executors.default_engine(env)`).
+
+Two things Dagster needs as fixed values when the code location loads are built from `settings()` then: the
+executor's default engine (pipeline/executors.py) and the re-anonymization schedule's cron and timezone
+(pipeline/reanonymize.py).
+
+A value that does not parse raises SettingsError (a ValueError) naming the variable and what it expected. Each
+field's metadata (`env`, `doc`, `unit`) is what docs/reference.md's settings table is generated from
+(splavu_core/docs_gen.py).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+PREFIX = "SPLAVU_"
+DEFAULT_STORE = "./store"
+DEFAULT_PRIVACY_BUDGET = 0.5  # share of above-chance leakage to remove, on the CI's lower end (<= 0: off)
+DEFAULT_UTILITY_GATE = 0.9    # share of the raw features' above-chance utility a seen task must keep (<= 0: off)
+DEFAULT_CRON = "0 3 * * *"
+ENGINES = ("multiprocess", "in_process", "dask", "k8s")
+
+
+class SettingsError(ValueError):
+    """A `SPLAVU_*` variable holds a value its field cannot take; the message names the variable."""
+
+
+def _setting(env: str, default: Any, doc: str, unit: str = "", parse: Callable[[str, str], Any] | None = None):
+    """A field read from $`env`; `parse(name, raw)` turns a non-empty raw string into the value (None: the string)."""
+    meta = {"env": env, "doc": doc, "unit": unit, "parse": parse}
+    if isinstance(default, Mapping):  # a mapping is built per instance (dataclasses refuse a shared mutable default)
+        return field(default_factory=lambda: MappingProxyType(dict(default)), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _float(name: str, raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise SettingsError(f"${name}={raw!r}: expected a number") from None
+
+
+def _int(name: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise SettingsError(f"${name}={raw!r}: expected an integer") from None
+
+
+def _json_object(name: str, raw: str) -> Mapping:
+    try:
+        opts = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise SettingsError(f"${name} is not valid JSON ({e}); expected an object of fsspec options") from e
+    if not isinstance(opts, dict):
+        raise SettingsError(f"${name} must be a JSON object of fsspec options, got {type(opts).__name__}")
+    return MappingProxyType(opts)
+
+
+def _engine(name: str, raw: str) -> str:
+    engine = raw.strip().lower().replace("-", "_")
+    if engine not in ENGINES:
+        raise SettingsError(f"{name}={raw!r}: expected one of {', '.join(ENGINES)}")
+    return engine
+
+
+def _upper(name: str, raw: str) -> str:
+    return raw.upper()
+
+
+def _stripped(name: str, raw: str) -> str:
+    return raw.strip()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the environment sets. An unset or empty variable leaves the default."""
+
+    # ---- the store
+    store: str = _setting(
+        "SPLAVU_STORE", DEFAULT_STORE,
+        "Store root: a local path or an fsspec URL such as s3://bucket/prefix. `--store` overrides it.", "path or URL")
+    storage_options: Mapping = _setting(
+        "SPLAVU_STORAGE_OPTIONS", {},
+        "fsspec options for an object-store root, as a JSON object (credentials and endpoint otherwise come from "
+        "the standard AWS variables).", "JSON object", _json_object)
+    catalog_dir: str | None = _setting(
+        "SPLAVU_CATALOG_DIR", None,
+        "Local folder for the DuckDB catalogs of object-store roots (unset: $XDG_CACHE_HOME/splavu/catalogs, "
+        "else ~/.cache/splavu/catalogs). A local store keeps its catalog in its root.", "path")
+    lock_ttl_s: float = _setting(
+        "SPLAVU_LOCK_TTL_S", 60.0,
+        "Lease length of a lock on an object store; a holder that stops renewing loses it after this long.",
+        "seconds", _float)
+    # ---- the gates
+    privacy_budget: float = _setting(
+        "SPLAVU_PRIVACY_BUDGET", DEFAULT_PRIVACY_BUDGET,
+        "Privacy gate: share of the raw features' above-chance leakage the strongest attacker must lose, on the "
+        "lower end of its 95% interval, for an AAM to be promoted. <= 0 turns the gate off.", "fraction", _float)
+    utility_gate: float = _setting(
+        "SPLAVU_UTILITY_GATE", DEFAULT_UTILITY_GATE,
+        "Utility gate: share of the raw features' above-chance utility each seen task must keep (interval "
+        "below it: refused). <= 0 turns the gate off.", "fraction", _float)
+    # ---- re-anonymization
+    aam_retention: int = _setting(
+        "SPLAVU_AAM_RETENTION", 0,
+        "How many older AAM versions' published tables a re-anonymization keeps (0: keep all).", "versions", _int)
+    reanonymize_cron: str = _setting(
+        "SPLAVU_REANONYMIZE_CRON", DEFAULT_CRON,
+        "Cron of the catch-all reanonymize_schedule (stopped by default). Read when the code location loads.",
+        "cron expression")
+    timezone: str = _setting(
+        "SPLAVU_TIMEZONE", "UTC", "Timezone of reanonymize_schedule's cron. Read when the code location loads.",
+        "IANA timezone")
+    # ---- execution
+    executor: str = _setting(
+        "SPLAVU_EXECUTOR", "multiprocess",
+        f"Default Dagster executor of every job: one of {', '.join(ENGINES)}. A run's config can pick another. "
+        "Read when the code location loads.", "engine name", _engine)
+    dask_scheduler: str = _setting(
+        "SPLAVU_DASK_SCHEDULER", "",
+        "dask executor: address of an existing dask.distributed scheduler (empty: a LocalCluster per run).",
+        "address, e.g. tcp://scheduler:8786", _stripped)
+    log_level: str | None = _setting(
+        "SPLAVU_LOG_LEVEL", None,
+        "Log level of Dagster's console logger in runs the CLI launches (unset: the command's own, WARNING).",
+        "level name", _upper)
+    # ---- search
+    ann_min_rows: int = _setting(
+        "SPLAVU_ANN_MIN_ROWS", 10_000_000,
+        "Published tables with at least this many rows also get a faiss IVF index (approximate search).",
+        "rows", _int)
+    # ---- bookkeeping and tests
+    install_seconds: float | None = _setting(
+        "SPLAVU_INSTALL_SECONDS", None,
+        "Wall time of `make demo`'s setup step, set by the Makefile for the demo report's cost section.",
+        "seconds", _float)
+    forget_crash_after: int | None = _setting(
+        "SPLAVU_FORGET_CRASH_AFTER", None,
+        "Tests only: SIGKILL the process at this checkpoint of a forget request (crash-recovery tests).",
+        "checkpoint number", _int)
+
+
+SETTINGS_FIELDS = {f.metadata["env"]: f for f in fields(Settings)}
+
+
+def env_name(attr: str) -> str:
+    """The environment variable behind field `attr` (e.g. 'privacy_budget' -> 'SPLAVU_PRIVACY_BUDGET')."""
+    return next(f.metadata["env"] for f in fields(Settings) if f.name == attr)
+
+
+def read_settings(env: Mapping[str, str]) -> Settings:
+    """The settings `env` (any mapping of variable names to strings) sets; SettingsError on a bad value."""
+    values = {}
+    for f in fields(Settings):
+        raw = env.get(f.metadata["env"])
+        if raw is None or raw == "":
+            continue
+        parse = f.metadata["parse"]
+        values[f.name] = parse(f.metadata["env"], raw) if parse else raw
+    return Settings(**values)
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(snapshot: tuple[tuple[str, str], ...]) -> Settings:
+    return read_settings(dict(snapshot))
+
+
+def settings() -> Settings:
+    """The settings of this process's environment now (parsed once per distinct set of SPLAVU_* values)."""
+    return _parsed(tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(PREFIX))))
+
+
+def reload() -> Settings:
+    """Forget every parsed environment and read this one again."""
+    _parsed.cache_clear()
+    return settings()
