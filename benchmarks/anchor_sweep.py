@@ -29,7 +29,7 @@ from splavu_core.aam.keep import apply_keep  # noqa: E402
 from splavu_core.aam.train import fit_utility_keep  # noqa: E402
 from splavu_core.encoders.vfm import DEMO_CHECKPOINT, load_encoder  # noqa: E402
 from splavu_core.evaluation.keep_curve import load_inputs, score_family  # noqa: E402
-from splavu_core.registry import shard_rows  # noqa: E402
+from splavu_core.datasets import shard_rows  # noqa: E402
 from splavu_core.sampling import ClipSampling  # noqa: E402
 from splavu_core.store import FeatureStore  # noqa: E402
 from splavu_core.video import DecordVideo  # noqa: E402
