@@ -14,8 +14,7 @@ executor's default engine (pipeline/executors.py) and the re-anonymization sched
 (pipeline/reanonymize.py).
 
 A value that does not parse raises SettingsError (a ValueError) naming the variable and what it expected. Each
-field's metadata (`env`, `doc`, `unit`) is what docs/reference.md's settings table is generated from
-(splavu_core/docs_gen.py).
+field's metadata (`env`, `doc`, `unit`) is meant for a generated configuration reference (issue 28, not yet written).
 """
 from __future__ import annotations
 
