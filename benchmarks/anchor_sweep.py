@@ -29,6 +29,7 @@ from splavu_core.aam.keep import apply_keep  # noqa: E402
 from splavu_core.aam.train import fit_utility_keep  # noqa: E402
 from splavu_core.encoders.vfm import DEMO_CHECKPOINT, load_encoder  # noqa: E402
 from splavu_core.evaluation.keep_curve import load_inputs, score_family  # noqa: E402
+from splavu_core.extract import stack_prepared  # noqa: E402
 from splavu_core.datasets import shard_rows  # noqa: E402
 from splavu_core.sampling import ClipSampling  # noqa: E402
 from splavu_core.store import FeatureStore  # noqa: E402
@@ -37,8 +38,6 @@ from splavu_core.video import DecordVideo  # noqa: E402
 
 def encode_anchors(fs: FeatureStore, checkpoint: str, static_k: int, batch: int = 16) -> dict[str, np.ndarray]:
     """video_id -> (D,) mean of its static_k static clips, for every video of every committed shard."""
-    import torch
-
     enc = load_encoder(checkpoint, device="cpu")
     sampling = ClipSampling(static_k=static_k)
     sums, pending = {}, []
@@ -46,8 +45,7 @@ def encode_anchors(fs: FeatureStore, checkpoint: str, static_k: int, batch: int 
     def flush(force=False):
         while len(pending) >= batch or (force and pending):
             chunk, pending[:] = pending[:batch], pending[batch:]
-            x = torch.stack([f.permute(0, 2, 3, 1) for _, f in chunk]).permute(0, 1, 4, 2, 3)  # as extraction
-            for (vid, _), e in zip(chunk, enc.embed_prepared(x)):
+            for (vid, _), e in zip(chunk, enc.embed_prepared(stack_prepared([f for _, f in chunk]))):
                 sums[vid] = sums.get(vid, 0.0) + e.astype(np.float64) / static_k
 
     for shard in fs.committed_shards():

@@ -92,6 +92,13 @@ def encoder_workers(encoder: FrozenEncoder, workers: int = 0) -> int:
     return torch.get_num_threads() if encoder.device.type == "cpu" else 1
 
 
+def stack_prepared(clips: list[torch.Tensor]) -> torch.Tensor:
+    """(T, 3, S, S) prepared clips -> (B, T, 3, S, S), stacked channels last: the layout embed_prepared feeds the
+    model (prepare's own), so there is no second copy there, and the one every caller must use (the kernels'
+    results depend on the layout)."""
+    return torch.stack([c.permute(0, 2, 3, 1) for c in clips]).permute(0, 1, 4, 2, 3)
+
+
 def extract_shard(shard: str, rows: list[dict], root: Path, encoder: FrozenEncoder, sampling: ClipSampling,
                   batch_size: int = 16, decode_threads: int = 2, static_splits=("train",),
                   log: Callable[[str], None] | None = None, progress: Callable[[int], None] | None = None,
@@ -125,8 +132,7 @@ def extract_shard(shard: str, rows: list[dict], root: Path, encoder: FrozenEncod
     def flush(force=False):
         while len(pending) >= batch_size or (force and pending):
             chunk, pending[:] = pending[:batch_size], pending[batch_size:]
-            # stacked channels last, the layout embed_prepared feeds the model (prepare's own): no second copy there
-            batch = torch.stack([c[3].permute(0, 2, 3, 1) for c in chunk]).permute(0, 1, 4, 2, 3)
+            batch = stack_prepared([c[3] for c in chunk])
             encoding.append(([c[:3] for c in chunk], encode_pool.submit(encoder.embed_prepared, batch)))
             collect(keep=2 * n_workers)  # bounded: a batch waiting per worker beside the one it runs
         if force:
