@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from splavu_core.aam.keep import apply_keep  # noqa: E402
 from splavu_core.aam.train import fit_utility_keep  # noqa: E402
 from splavu_core.encoders.vfm import DEMO_CHECKPOINT, load_encoder  # noqa: E402
+from splavu_core.evaluation import trivial  # noqa: E402
 from splavu_core.evaluation.keep_curve import load_inputs, score_family  # noqa: E402
 from splavu_core.extract import stack_prepared  # noqa: E402
 from splavu_core.datasets import shard_rows  # noqa: E402
@@ -67,6 +68,11 @@ def main():
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--static-k", type=int, default=2, help="static clips per video averaged into its anchor")
     ap.add_argument("--static-cache", help="npz of the anchors (raw-derived: keep it off shared storage)")
+    ap.add_argument("--anchor-rank", type=int, nargs="+", default=[0],
+                    help="anchored variants: 0 subtracts the whole anchor, m > 0 only its top-m appearance directions")
+    ap.add_argument("--baselines", action="store_true",
+                    help="add the trivial baselines of each width: pca_k and randproj_k on raw clips, and pca_k on "
+                         "anchored clips (is the anchor alone doing the work?)")
     args = ap.parse_args()
     fs = FeatureStore(args.store)
     t0 = time.perf_counter()
@@ -81,19 +87,47 @@ def main():
     t_anchor = time.perf_counter() - t0
     inp = load_inputs(fs)
 
-    def anchored(v):
-        return dataclasses.replace(v, feats=(v.feats - anchors[v.video_id]).astype(np.float32))
-
     d = inp.data
-    da = dataclasses.replace(d, ar_train=[anchored(v) for v in d.ar_train], ar_val=[anchored(v) for v in d.ar_val],
-                             tad_train=[anchored(v) for v in d.tad_train], ad_train=[anchored(v) for v in d.ad_train])
+    train_ids = [v.video_id for vs in (d.ar_train, d.tad_train, d.ad_train) for v in vs]
+    a_train = np.stack([anchors[i] for i in dict.fromkeys(train_ids)]).astype(np.float64)
+    a_mu = a_train.mean(0)
+    _, _, a_vt = np.linalg.svd(a_train - a_mu, full_matrices=False)   # appearance directions, label-free
+
+    def anchor_of(rank):
+        """clip -> clip minus its video's anchor; rank m > 0 subtracts only the anchor's part in the top-m
+        directions along which the training videos' anchors differ (appearance), keeping the rest (pose)."""
+        if rank == 0:
+            return lambda v: dataclasses.replace(v, feats=(v.feats - anchors[v.video_id]).astype(np.float32))
+        u = a_vt[:rank].T                                              # (D, m)
+        return lambda v: dataclasses.replace(
+            v, feats=(v.feats - (anchors[v.video_id] - a_mu) @ u @ u.T).astype(np.float32))
+
+    def member_name(rank):
+        return "anchored" + (f"[m={rank}]" if rank else "")
+
+    def on_data(f):
+        return dataclasses.replace(d, ar_train=[f(v) for v in d.ar_train], ar_val=[f(v) for v in d.ar_val],
+                                   tad_train=[f(v) for v in d.tad_train], ad_train=[f(v) for v in d.ad_train])
+
+    variants = [(member_name(r), anchor_of(r)) for r in args.anchor_rank]
     sets, members = {}, []
     for k in args.k:
-        for name, data, f in ((f"anchored keep k={k}", da, anchored), (f"keep k={k}", d, lambda v: v)):
-            fit = fit_utility_keep(data, inp.cfg.tasks, k, inp.cfg)
-            sets[name] = {ds: [dataclasses.replace(v, feats=apply_keep(fit, f(v).feats)) for v in vs]
+        for label, f in variants + [("", None)]:
+            name = f"{label} keep k={k}".strip()
+            fit = fit_utility_keep(on_data(f) if f else d, inp.cfg.tasks, k, inp.cfg)
+            sets[name] = {ds: [dataclasses.replace(v, feats=apply_keep(fit, (f(v) if f else v).feats)) for v in vs]
                           for ds, vs in inp.raw.items()}
-            members.append({"name": name, "k": k, "anchored": data is da, "seen": list(inp.cfg.tasks)})
+            members.append({"name": name, "k": k, "anchored": bool(f), "seen": list(inp.cfg.tasks)})
+        if args.baselines:
+            for label, f in [("", None), variants[0]]:
+                raw = {ds: [f(v) for v in vs] for ds, vs in inp.raw.items()} if f else inp.raw
+                base = trivial.baseline_sets(raw, trivial.training_clips(raw, inp.datasets), k)
+                for bname, bset in base.items():
+                    if f and bname.startswith("randproj"):
+                        continue  # a random frame does not care what it rotates; one row of it is enough
+                    name = f"{label} {bname}".strip()
+                    sets[name] = bset
+                    members.append({"name": name, "k": k, "anchored": bool(f), "seen": [], "trivial": True})
     score_family(fs, inp, sets, members, [], split="val", seeds=args.seeds)
     for m in members:
         print(json.dumps(m), flush=True)

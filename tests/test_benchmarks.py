@@ -126,10 +126,13 @@ def test_keep_sweep(store_copy):
 
 
 def test_anchor_sweep(store_copy, tiny_videomae):
-    out = run_bench("anchor_sweep", "--store", store_copy, "--checkpoint", tiny_videomae, "--k", 4, "--seeds", 0)
+    out = run_bench("anchor_sweep", "--store", store_copy, "--checkpoint", tiny_videomae, "--k", 4, "--seeds", 0,
+                    "--baselines")
     members, summary = out[:-1], out[-1]
     assert summary["split"] == "val" and summary["videos_anchored"] > 0
-    assert [m["anchored"] for m in members] == [True, False] and all("privacy" in m for m in members)
+    assert [m["name"] for m in members] == ["anchored keep k=4", "keep k=4", "pca_4", "randproj_4", "anchored pca_4"]
+    assert [m["anchored"] for m in members] == [True, False, False, False, True]
+    assert all("privacy" in m and "clip_privacy" in m for m in members)
 
 
 def test_probe_stability(store_copy):
