@@ -593,7 +593,7 @@ def cmd_fail_run(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `splavu` command line (docs/reference.md's CLI section is generated from it: splavu_core/docs_gen.py)."""
+    """The `splavu` command line (docs/cli.md is generated from it: docs/gen_reference.py)."""
     ap = argparse.ArgumentParser(prog="splavu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", help="store root (default $SPLAVU_STORE or ./store)")
     # every subcommand takes --store too (`splavu sql --store X ...`); SUPPRESS keeps the one given before it otherwise
