@@ -395,7 +395,7 @@ def cmd_demo(args) -> int:
     lap("extract")
     print("\n3/6 training the anonymizing adapter from cached latents")
     print(f"  {_training_preflight(store.store(), {})}")
-    _train_aam(store, {})  # the defaults: splavu_core.aam.model.DEFAULT_ADAPTER (README: how they were chosen)
+    _train_aam(store, {})  # the defaults: splavu_core.aam.model.DEFAULT_ADAPTER (docs/method.md: how they were chosen)
     lap("fit")
     print(f"\n4/6 publishing anonymized feature tables and the DuckDB catalog [{time.perf_counter() - t0:.0f} s]")
     out = cmd_publish(argparse.Namespace(store=store.root, version=None), quiet_return=True)
