@@ -38,7 +38,8 @@ GROUP = "evaluation"
 
 
 class ProbeSettings(dg.Config):
-    """Which dataset serves each task and how long each fresh probe trains (defaults: DESIGN.md section 4)."""
+    """Which dataset serves each task and how long each fresh probe trains (protocols and defaults:
+    docs/evaluation.md, "The paper's protocols, and where splavu's differ")."""
 
     # "" = the dataset registered with that role (splavu_core.datasets; the demo's names by default)
     ar_dataset: str = ""

@@ -395,7 +395,7 @@ def cmd_demo(args) -> int:
     lap("extract")
     print("\n3/6 training the anonymizing adapter from cached latents")
     print(f"  {_training_preflight(store.store(), {})}")
-    _train_aam(store, {})  # the defaults: splavu_core.aam.model.DEFAULT_ADAPTER (README: how they were chosen)
+    _train_aam(store, {})  # the defaults: splavu_core.aam.model.DEFAULT_ADAPTER (docs/method.md: how they were chosen)
     lap("fit")
     print(f"\n4/6 publishing anonymized feature tables and the DuckDB catalog [{time.perf_counter() - t0:.0f} s]")
     out = cmd_publish(argparse.Namespace(store=store.root, version=None), quiet_return=True)
@@ -593,7 +593,7 @@ def cmd_fail_run(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `splavu` command line (docs/reference.md's CLI section is generated from it: splavu_core/docs_gen.py)."""
+    """The `splavu` command line (docs/cli.md is generated from it: docs/gen_reference.py)."""
     ap = argparse.ArgumentParser(prog="splavu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", help="store root (default $SPLAVU_STORE or ./store)")
     # every subcommand takes --store too (`splavu sql --store X ...`); SUPPRESS keeps the one given before it otherwise

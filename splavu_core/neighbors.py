@@ -20,7 +20,7 @@ Two searches (benchmarks/neighbors.py measures both, side by side):
 - approximate: faiss IndexIVFScalarQuantizer (inner product, 8-bit codes: N x D bytes more on disk); the
   `nprobe` nearest of its lists are scanned and their best RERANK candidates re-scored exactly from the
   float32 rows, so only the choice of candidates is approximate. Its recall depends on the rows having
-  structure (clustered rows: 1.0 at nprobe 8; isotropic random rows: far lower; see the README).
+  structure (clustered rows: 1.0 at nprobe 8; isotropic random rows: far lower; see docs/history.md).
 
 An index goes with its version: `prune_indexes` deletes the index of a version whose tables are gone
 (retention), and one whose shards changed is rebuilt, or bypassed (read from Parquet) until it is.

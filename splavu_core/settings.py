@@ -14,7 +14,8 @@ executor's default engine (pipeline/executors.py) and the re-anonymization sched
 (pipeline/reanonymize.py).
 
 A value that does not parse raises SettingsError (a ValueError) naming the variable and what it expected. Each
-field's metadata (`env`, `doc`, `unit`) is meant for a generated configuration reference (issue 28, not yet written).
+field's metadata (`env`, `doc`, `unit`) feeds the generated configuration reference,
+docs/configuration.md (docs/gen_reference.py).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Anonymizing Adapter Module (AAM): a residual self-attention adapter on frozen-VFM clip features.
 
 f_A(x) = x + delta(x), output shape = input shape. Two departures from the official SPLAVU code,
-both needed for a feature store (DESIGN.md section 3):
+both needed for a feature store (docs/method.md, "What splavu does differently, and why"):
 
 - Batch-invariant: the official AAM attends across the samples of a mini-batch, so a clip's
   anonymized vector depended on its batch-mates. Here attention runs over the S sub-tokens of one

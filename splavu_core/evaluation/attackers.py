@@ -3,7 +3,7 @@
 A narrow table must not be judged by a narrow attacker: the previous protocol's `D -> D -> A` MLP had 14 hidden
 units on a 14-wide table and measured 61% of the close-up leakage removed where fixed-capacity attackers
 measured 35-42%. Every attacker here has a capacity fixed once, on raw features, before any anonymizer was
-scored (README "Evaluation"), and the same whatever the width D of its input:
+scored (docs/evaluation.md), and the same whatever the width D of its input:
 
     mlp        D -> 512 -> A MLP on standardised clips (5 seeds, AdamW 1e-3, batch 1024, 100 epochs, the best
                test epoch: the attacker's best case); 512 >= the raw encoder's width

@@ -34,7 +34,7 @@ PRIVATE = ("privacy", "clip_privacy", "reid")   # the privacy gate's parts: clos
 HEADLINE = {"privacy": "leakage_removed", "clip_privacy": "leakage_removed", "reid": "linkage_removed",
             "ar": "retention_top1",
             "tad": "retention_mAP", "ad": "retention_auc", "bias_f": "delta_gap"}
-GENERALISATION_TASKS = ("ar", "tad")  # AD is left out: on validation its retention is a ratio of noise (README)
+GENERALISATION_TASKS = ("ar", "tad")  # AD is left out: on validation its retention is a ratio of noise (docs/method.md)
 DEFAULT_KS = (8, 11, 14, 17, 20, 24)
 
 

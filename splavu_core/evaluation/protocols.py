@@ -5,7 +5,7 @@ per-seed outputs on the `test` videos plus metric functions metric(seed_index, v
 so the same code gives the value on all test videos, on a bootstrap resample, and paired differences between
 two feature sets scored on the same videos (raw vs anonymized, same seed, same resample).
 
-Probes (fixed on raw features of the demo store before any anonymizer was scored; README "Evaluation"):
+Probes (fixed on raw features of the demo store before any anonymizer was scored; docs/evaluation.md):
 - AR / bias: multinomial logistic regression on standardised clips (each clip weighted 1/n_clips of its
   video, L2), full-batch L-BFGS from a seed-dependent random start; top-1 with softmax averaged over 5
   evenly spaced clips. Convex: seeds agree to optimiser tolerance, the bootstrap carries the sampling error.
@@ -13,7 +13,7 @@ Probes (fixed on raw features of the demo store before any anonymizer was scored
   L-BFGS); detections = runs of clips above each of 9 probability thresholds, scored by their mean probability,
   soft-NMS per class; mAP over tIoU 0.3:0.1:0.7. Chance: the same detections scored against the ground truth of
   other test videos. (The trained TADHead, `temporal_detection_head`, scored higher, 0.44, but its seed sd was
-  0.014-0.026 mAP on the demo store: see README.)
+  0.014-0.026 mAP on the demo store: see docs/evaluation.md.)
 - AD: per-clip logistic scorer trained on video labels only (every clip of an anomalous training video is
   a positive bag member; a linear model fitted to the bag labels ranks anomalous clips highest), standardised,
   L2, full-batch L-BFGS; frame-level ROC AUC. Chance 0.5.

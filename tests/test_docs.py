@@ -1,0 +1,133 @@
+"""The documentation: generated references match the code, the mkdocs site builds strictly, the README stays short,
+every relative link resolves, and results.md is rendered from the report it is given (issue 28)."""
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+
+def _gen():
+    spec = importlib.util.spec_from_file_location("gen_reference", DOCS / "gen_reference.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_generated_references_match_the_code(capsys):
+    gen = _gen()
+    rc = gen.main(["--check", "--only", "cli", "configuration"])
+    assert rc == 0, capsys.readouterr().err  # regenerate with: python docs/gen_reference.py
+    cli = (DOCS / "cli.md").read_text()
+    from pipeline.cli import build_parser
+    sub = next(a for a in build_parser()._actions if hasattr(a, "choices") and isinstance(a.choices, dict))
+    for name in sub.choices:
+        assert f"## `splavu {name}`" in cli
+    from splavu_core.settings import SETTINGS_FIELDS
+    config = (DOCS / "configuration.md").read_text()
+    for env in SETTINGS_FIELDS:
+        assert f"## {env}\n" in config
+
+
+def test_check_notices_a_stale_page(tmp_path, monkeypatch, capsys):
+    gen = _gen()
+    (tmp_path / "cli.md").write_text("stale\n")
+    monkeypatch.setattr(gen, "DOCS", tmp_path)
+    monkeypatch.setattr(gen, "ROOT", tmp_path)
+    assert gen.main(["--check", "--only", "cli"]) == 1
+    assert (tmp_path / "cli.md").read_text() == "stale\n"  # --check writes nothing
+    assert "out of date" in capsys.readouterr().err
+
+
+def test_mkdocs_build_strict(tmp_path):
+    site = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (site / "index.html").is_file()
+    for page in ("concepts", "method", "evaluation", "operations", "history", "known_gaps", "cli", "configuration",
+                 "results"):
+        assert (site / page / "index.html").is_file(), page
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _relative_links(path: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", path.read_text(), flags=re.S)  # code blocks hold no links
+    return [m for m in LINK.findall(text) if not re.match(r"[a-z]+:|#", m)]
+
+
+def test_readme_is_short_and_every_relative_link_resolves():
+    readme = ROOT / "README.md"
+    assert len(readme.read_text().splitlines()) <= 300
+    pages = [readme, *sorted(DOCS.glob("*.md"))]
+    broken = []
+    for page in pages:
+        for link in _relative_links(page):
+            target = (page.parent / link.split("#")[0]).resolve()
+            if not target.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {link}")
+    assert not broken, broken
+    assert _relative_links(readme), "the README links to the docs pages"
+
+
+def _interval(value, low, high, chance=None):
+    return {"value": value, "sd": 0.0, "ci_low": low, "ci_high": high, "chance": chance, "n_seeds": 5}
+
+
+def _small_report() -> dict:
+    """The real report's keys (store/reports/privacy_utility.json), with made-up numbers."""
+    raw_iv = {"privacy_cmap": _interval(0.912, 0.901, 0.923, 0.481), "ar_top1": _interval(0.654, 0.611, 0.697, 0.0667),
+              "clip_privacy_cmap": _interval(0.833, 0.812, 0.854, 0.481), "reid_rank1": _interval(0.707, 0.66, 0.75, 0.02)}
+    anon_iv = {"privacy_cmap": _interval(0.611, 0.587, 0.635, 0.481), "ar_top1": _interval(0.642, 0.600, 0.684, 0.0667),
+               "clip_privacy_cmap": _interval(0.555, 0.53, 0.58, 0.481), "reid_rank1": _interval(0.05, 0.03, 0.07, 0.02)}
+    attackers = lambda v: {"privacy": {"mlp": {"score": _interval(v, v - 0.01, v + 0.01, 0.481)},
+                                       "linear": {"score": _interval(v - 0.02, v - 0.03, v - 0.01, 0.481)}},
+                           "reid": {"lda": {"score": _interval(0.707, 0.66, 0.75, 0.02)}}}
+    base = {k: None for k in ("privacy_f1", "privacy_chance_cmap", "clip_privacy_chance_cmap", "tad_map", "ad_auc",
+                              "bias_f_gap", "bias_m_gap", "gait_top1", "reid_map")}
+    raw = {"name": "raw", **base, **{k: iv["value"] for k, iv in raw_iv.items()}, "attackers": attackers(0.912),
+           "intervals": raw_iv}
+    anon = {"name": "splavu", **base, **{k: iv["value"] for k, iv in anon_iv.items()}, "attackers": attackers(0.611),
+            "intervals": anon_iv,
+            "changes": {"privacy_cmap": _interval(-0.301, -0.322, -0.280), "ar_top1": _interval(-0.012, -0.04, 0.016)},
+            "derived_intervals": {"leakage_removed": _interval(0.7088, 0.6571, 0.7606),
+                                  "ar_retention": _interval(0.9789, 0.91, 1.04)},
+            "leakage_removed": 0.7088, "clip_leakage_removed": 0.7716, "linkage_removed": 0.9259,
+            "relative_change": {"privacy_cmap": -0.33}}
+    return {"encoder_fingerprint": "videomae-0123456789abcdef", "aam_version": "feedfacecafebeef", "rows": [raw, anon],
+            "aam_version_is_current": True, "probe_seeds": [0, 1, 2, 3, 4],
+            "costs": {"demo": {"stages": {"synth": 12.5, "extract": 34.3}, "recorded_at": "2026-01-02T03:04:05"}}}
+
+
+def test_results_are_rendered_from_the_report(tmp_path):
+    gen = _gen()
+    report = tmp_path / "reports" / "privacy_utility.json"
+    report.parent.mkdir()
+    report.write_text(json.dumps(_small_report()))
+    (report.parent / "gates").mkdir()
+    (report.parent / "gates" / "feedfacecafebeef.json").write_text(json.dumps({"measure": {
+        "split": "val", "seen_tasks": ["ar"],
+        "privacy": {"closeups": {"dataset": "privacy", "raw_cmap": 0.9, "anonymized_cmap": 0.6, "leakage_removed": 0.6543,
+                                 "leakage_removed_ci_low": 0.5432, "leakage_removed_ci_high": 0.7654,
+                                 "strongest_raw": "mlp", "strongest_anonymized": "linear"}},
+        "utility": {"ar": {"metric": "top1", "raw": 0.7, "anon": 0.69, "retention": 0.9876,
+                           "retention_ci_low": 0.9123, "retention_ci_high": 1.0321}}}}))
+    text = gen.render_results(report, commit="abc1234", machine="test machine, 3 CPU cores")
+    for expected in ("feedfacecafebeef", "(current)", "videomae-0123456789abcdef", "`abc1234`",
+                     "test machine, 3 CPU cores", "0.912 [0.901, 0.923]", "0.611 [0.587, 0.635]", "0.481",
+                     "-0.301 [-0.322, -0.280]", "no change (-0.012 [-0.040, +0.016])",
+                     "0.709 [0.657, 0.761]", "0.772", "0.926", "0.979 [0.910, 1.040]",
+                     "0.654 [0.543, 0.765]", "0.988 [0.912, 1.032]", "| 12.5 | 34.3 |"):
+        assert expected in text, expected
+    # the report's rows become table rows, in the report's order
+    assert text.index("| raw | 0.912") < text.index("| splavu | 0.611")
+
+    missing = gen.render_results(tmp_path / "nowhere.json")
+    assert "make demo" in missing and "python docs/gen_reference.py" in missing
+    assert not re.search(r"\d\.\d{3}", missing)  # no numbers without a report
