@@ -222,6 +222,7 @@ def privacy_utility_report(context: dg.AssetExecutionContext, config: ReportConf
     report["probe_seeds"] = list(range(config.seed, config.seed + config.n_seeds))
     report["costs"] = costs.compare(fs, version, eval_shards(fs, task_datasets(fs).values()),
                                     {n: baselines[n] for n in variants if n in baselines})
+    report.update(costs.provenance())  # the results page names the commit and machine the numbers came from
     paths = write_privacy_utility_report(fs, report)
     png = paths["png"].read_bytes()
     splavu = report["rows"][1]

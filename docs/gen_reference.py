@@ -18,8 +18,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
-import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -178,19 +176,6 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True, timeout=10).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def _machine() -> str:
-    return f"{platform.system()} {platform.release()} {platform.machine()}, Python {platform.python_version()}, " \
-           f"{os.cpu_count()} CPU cores"
-
-
 def _missing_report(path: Path) -> str:
     return (GENERATED + "# Results\n\n"
             f"There is no report at `{path}` on the machine that generated this page, so there are no numbers "
@@ -208,8 +193,11 @@ def render_results(report_path: Path, commit: str | None = None, machine: str | 
     rows = report.get("rows", [])
     version = report.get("aam_version")
     demo = (report.get("costs") or {}).get("demo") or {}
-    commit = report.get("commit") or commit or _git_commit()
-    machine = report.get("machine") or machine or _machine()
+    from splavu_core.costs import provenance
+
+    here = provenance()
+    commit = report.get("commit") or commit or here["commit"]
+    machine = report.get("machine") or machine or here["machine"]
     out = [GENERATED, "# Results\n\n",
            "The numbers of one `splavu evaluate` run (for example the one `make demo` ends with), on its test "
            "split. Each cell is the mean over the probe seeds with its 95% interval `[low, high]`; values are "

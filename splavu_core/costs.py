@@ -13,9 +13,13 @@ of the same unit replaces its figure. Only work actually done is recorded (a ski
 """
 from __future__ import annotations
 
+import os
+import platform
 import re
+import subprocess
 from collections.abc import Sequence
 from datetime import datetime, timezone
+from pathlib import Path
 
 from .store import FeatureStore
 from .storefs import join
@@ -25,6 +29,22 @@ STAGES = ("extract", "train", "anonymize")
 # (anonymize + catalog), gates (the gated shard run's time beyond an ungated one), evaluate
 DEMO_STAGES = ("install", "synth", "extract", "fit", "publish", "gates", "evaluate")
 DEMO = "costs/demo.json"
+
+
+def provenance() -> dict[str, str]:
+    """Where a figure came from: the code's commit ("unknown" outside a git checkout; "+dirty" with uncommitted
+    changes) and the machine, since machines differ several-fold in speed."""
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=Path(__file__).resolve().parent, capture_output=True, text=True,
+                              check=True, timeout=10).stdout.strip()
+    try:
+        commit = git("rev-parse", "--short", "HEAD") or "unknown"
+        commit += "+dirty" if git("status", "--porcelain", "--untracked-files=no") else ""
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    machine = (f"{platform.system()} {platform.release()} {platform.machine()}, Python {platform.python_version()}, "
+               f"{os.cpu_count()} CPU cores")
+    return {"commit": commit, "machine": machine}
 
 
 def _dir(feature_set: str, stage: str) -> str:

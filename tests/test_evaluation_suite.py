@@ -6,6 +6,7 @@ hand-checkable relations, never quality.
 import importlib
 import importlib.util
 import json
+import os
 import math
 import re
 import shutil
@@ -16,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.runner import run_evaluation
+from splavu_core import costs
 from splavu_core.catalog import METRICS_SCHEMA
 from splavu_core.evaluation import suite
 from splavu_core.evaluation.report import fmt_change, report_markdown
@@ -213,7 +215,8 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
     # the report: exact schema, numbers from the rows, Markdown with relative changes, PNG
     report = json.loads((root / "reports" / "privacy_utility.json").read_text())
     assert set(report) == {"encoder_fingerprint", "aam_version", "rows", "costs", "aam_version_is_current",
-                           "probe_seeds"}
+                           "probe_seeds", "commit", "machine"}
+    assert report["commit"] == costs.provenance()["commit"] and f"{os.cpu_count()} CPU cores" in report["machine"]
     assert report["probe_seeds"] == [0, 1, 2, 3, 4]
     assert report["aam_version_is_current"] is True
     # the fixtures ran no asset, so no step recorded its cost: said, never made up
