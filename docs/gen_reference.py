@@ -19,8 +19,8 @@ import dataclasses
 import json
 import os
 import sys
-from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -34,26 +34,13 @@ if str(ROOT) not in sys.path:  # `python docs/gen_reference.py` from a checkout 
     sys.path.insert(0, str(ROOT))
 
 
-@contextmanager
-def _columns(width: str):
-    old = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = width
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("COLUMNS", None)
-        else:
-            os.environ["COLUMNS"] = old
-
-
 # ---------------------------------------------------------------- cli.md
 
 def render_cli() -> str:
     """Every subcommand's usage and help, from the parser the `splavu` command itself builds."""
     from pipeline.cli import build_parser
 
-    with _columns(HELP_WIDTH):
+    with mock.patch.dict(os.environ, {"COLUMNS": HELP_WIDTH}):  # restored after, even on error
         parser = build_parser()
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         summary = {a.dest: a.help or "" for a in sub._choices_actions}
