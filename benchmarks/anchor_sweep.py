@@ -110,17 +110,20 @@ def main():
                                    tad_train=[f(v) for v in d.tad_train], ad_train=[f(v) for v in d.ad_train])
 
     variants = [(member_name(r), anchor_of(r)) for r in args.anchor_rank]
+    # anchored once, used at every k
+    fit_data = {label: on_data(f) for label, f in variants} | {"": d}
+    scored = {label: {ds: [f(v) for v in vs] for ds, vs in inp.raw.items()} for label, f in variants} | {"": inp.raw}
     sets, members = {}, []
     for k in args.k:
         for label, f in variants + [("", None)]:
             name = f"{label} keep k={k}".strip()
-            fit = fit_utility_keep(on_data(f) if f else d, inp.cfg.tasks, k, inp.cfg)
-            sets[name] = {ds: [dataclasses.replace(v, feats=apply_keep(fit, (f(v) if f else v).feats)) for v in vs]
-                          for ds, vs in inp.raw.items()}
+            fit = fit_utility_keep(fit_data[label], inp.cfg.tasks, k, inp.cfg)
+            sets[name] = {ds: [dataclasses.replace(v, feats=apply_keep(fit, v.feats)) for v in vs]
+                          for ds, vs in scored[label].items()}
             members.append({"name": name, "k": k, "anchored": bool(f), "seen": list(inp.cfg.tasks)})
         if args.baselines:
             for label, f in [("", None), variants[0]]:
-                raw = {ds: [f(v) for v in vs] for ds, vs in inp.raw.items()} if f else inp.raw
+                raw = scored[label]
                 base = trivial.baseline_sets(raw, trivial.training_clips(raw, inp.datasets), k)
                 for bname, bset in base.items():
                     if f and bname.startswith("randproj"):
