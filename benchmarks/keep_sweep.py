@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from splavu_core.aam.train import TrainConfig  # noqa: E402
-from splavu_core.evaluation.keep_curve import (choose_ridge, family_sets, keep_curve, load_inputs,  # noqa: E402
-                                               operating_point, plot_png, score_family)
-from splavu_core.ledger import privacy_threshold, utility_fraction  # noqa: E402
-from splavu_core.store import FeatureStore  # noqa: E402
+from splavu_core.aam.train import TrainConfig
+from splavu_core.evaluation.keep_curve import (choose_ridge, family_sets, heldout_classes, keep_curve,
+                                               load_inputs, operating_point, plot_png, score_family)
+from splavu_core.ledger import privacy_threshold, utility_fraction
+from splavu_core.store import FeatureStore
 
 
 def variant_sets(fs, data, raw, variants) -> tuple[dict, list[dict]]:
@@ -60,23 +56,39 @@ def main():
     ap.add_argument("--variant", nargs="*", default=[],
                     help="ablation variants (pipeline/ablations.py) trained in memory and scored beside the family")
     ap.add_argument("--seen", nargs="*", default=[], help="task ablation: one member per task set (ar, ar,tad, ...)")
+    ap.add_argument("--heldout-classes", type=int, default=0, metavar="FOLDS",
+                    help="new action classes: per fold the fit sees AR without a third (say) of the classes, AR is "
+                         "probed on those classes only (keep_curve.heldout_classes)")
+    ap.add_argument("--recentre", nargs="*", choices=["on", "off"], default=[],
+                    help="members with and/or without recentring (default: as the default adapter)")
     args = ap.parse_args()
     fs = FeatureStore(args.store)
     cfg = TrainConfig(**{f"keep_{n}": v for n, v in (("w_motion", args.w_motion), ("w_dynamic", args.w_dynamic),
                                                              ("w_app", args.w_app))
                          if v is not None})
     inp = load_inputs(fs, cfg)
+    recentres = [r == "on" for r in args.recentre] or None
     t0 = time.perf_counter()
+    if args.heldout_classes:
+        members = heldout_classes(fs, inp, args.k, args.heldout_classes, args.seeds, recentres, args.split)
+        for m in members:
+            print(json.dumps(m), flush=True)
+        out = {"split": args.split, "seeds": args.seeds, "folds": args.heldout_classes, "members": members,
+               "seconds": round(time.perf_counter() - t0, 1)}
+        (fs.root / "reports").mkdir(exist_ok=True)
+        (fs.root / "reports" / f"keep_heldout_classes_{args.split}.json").write_text(json.dumps(out, indent=1))
+        print(json.dumps({"seconds": out["seconds"]}), flush=True)
+        return
     vsets, marks = variant_sets(fs, inp.data, inp.raw, args.variant)
     if args.split == "val" and not args.seen and not args.ridge:  # the curve and its operating point, as the asset
         out, _ = keep_curve(fs, args.k, args.seeds, versions=args.mark, budget=args.budget, floor=args.floor,
-                            extra_sets=vsets, extra_marks=marks, inputs=inp)
+                            extra_sets=vsets, extra_marks=marks, inputs=inp, recentres=recentres)
         for m in out["marks"] + out["members"]:
             print(json.dumps(m), flush=True)
         print(json.dumps({"chosen_k": out["chosen_k"], "budget": args.budget, "split": "val",
                           "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
         return
-    sets, members = family_sets(inp, args.k, ridges=args.ridge, seens=args.seen)
+    sets, members = family_sets(inp, args.k, ridges=args.ridge, seens=args.seen, recentres=recentres)
     raw_rows = score_family(fs, inp, {**sets, **vsets}, members, marks, args.mark, args.split, args.seeds)
     for m in marks + members:
         print(json.dumps(m), flush=True)

@@ -158,8 +158,8 @@ def _load_checked_adapter(store: FeatureStore, adapter_dir):
 
 def run_adapter(adapter, cfg, clips: np.ndarray, video_ids: np.ndarray, clip_index: np.ndarray,
                  chunk: int = CHUNK_ROWS) -> np.ndarray:
-    """f_A over a shard's clips, row order kept. Lone clips (N, D) unless the adapter attends across
-    a video's clips (cfg.clip_context), in which case whole videos go in as padded (B, T, D)."""
+    """f_A over a shard's clips, row order kept. Lone clips (N, D) unless a clip's output depends on its video's
+    other clips (cfg.whole_videos: clip attention, recentring), in which case whole videos go in as padded (B, T, D)."""
     import torch
 
     from .threads import intra_op_threads
@@ -168,7 +168,7 @@ def run_adapter(adapter, cfg, clips: np.ndarray, video_ids: np.ndarray, clip_ind
     # one thread: the default adapter over 100k clips took 0.09-0.28 s on 2 threads, 0.04-0.06 s on one (2 shared
     # cores), with the same output bits (checked for the default and the previous default adapters)
     with torch.no_grad(), intra_op_threads(1):
-        if not cfg.clip_context:
+        if not cfg.whole_videos:
             for s in range(0, len(clips), chunk):
                 out[s:s + chunk] = adapter(torch.from_numpy(clips[s:s + chunk])).numpy()
             return out

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from splavu_core.aam.keep import apply_keep, fit_keep
+from splavu_core.aam.keep import apply_keep, apply_recentre, fit_keep, fit_recentre
 from splavu_core.features import VideoFeatures
 from splavu_core.store import FeatureStore
 
@@ -73,8 +73,77 @@ def test_what_motion_adds_finds_the_actions_without_any_label():
     assert motion_only < 0.8, motion_only
 
 
+def _recentre_toy(n=120, k=4, seed=0):
+    """Kept video means: action centroids 6 apart in dims 0-1, a per-video appearance offset (the attribute's
+    sign) in dims 2-3; T = 5 clips per video with within-video motion."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(3, size=n)
+    attr = rng.integers(2, size=n)
+    cent = np.zeros((3, k))
+    cent[:, :2] = 6 * np.array([[0, 0], [1, 0], [0, 1]])
+    means = cent[labels] + 0.3 * rng.normal(size=(n, k))
+    means[:, 2] += np.where(attr == 1, 1.0, -1.0)
+    videos = [m + 0.5 * rng.normal(size=(5, k)) for m in means]
+    return [v.astype(np.float32) for v in videos], labels.astype(str), attr
+
+
+def test_recentring_replaces_who_in_a_videos_mean_and_keeps_its_motion():
+    videos, labels, attr = _recentre_toy()
+    fit = fit_recentre(np.stack([v.mean(0) for v in videos]), labels)
+    out = [apply_recentre(fit, v) for v in videos]
+    means = np.stack([o.mean(0) for o in out])
+    # who: the appearance offset no longer separates the attribute's two groups (it did by 2 units)
+    gap = lambda m: abs(m[attr == 1, 2].mean() - m[attr == 0, 2].mean())  # noqa: E731
+    assert gap(np.stack([v.mean(0) for v in videos])) > 1.5 and gap(means) < 0.2, gap(means)
+    # what: a video's mean becomes its action's centroid (all but the training videos past the gate's 0.8 quantile,
+    # which are moved less); motion: the within-video deviations are unchanged
+    err = np.abs(means - fit.centroids[np.searchsorted(np.unique(labels), labels)]).max(1)
+    assert 0.75 <= (err < 0.05).mean() < 1 and err.max() < 1.0, np.sort(err)
+    for v, o in zip(videos, out):
+        np.testing.assert_allclose(o - o.mean(0), v - v.mean(0), atol=1e-5)
+    # a video far from every training action (a new class) keeps most of its own mean
+    novel = np.array([[-30.0, -30.0, 1.0, 0.0]], np.float32).repeat(5, 0)
+    assert np.abs(apply_recentre(fit, novel).mean(0) - novel.mean(0)).max() < 0.05 * 30
+
+
+def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store):
+    """The adapter aam_model trains (torch) and the keep curve's member (numpy) give the same rows, and a video's
+    rows do not depend on the other videos of its batch."""
+    import dataclasses
+
+    import torch
+
+    from splavu_core.aam.train import TrainConfig, fit_closed_form, load_training_data, train_aam
+    from splavu_core.evaluation.suite import anonymize_videos
+    from splavu_core.publish import load_video_features
+
+    fs = FeatureStore(tiny_store)
+    data = load_training_data(fs, ad=None)
+    cfg = TrainConfig(**{**KEEP, "tasks": ("ar", "tad"), "adapter": {**KEEP["adapter"], "recentre": True}})
+    adapter, acfg, summary = train_aam(data, cfg, log=None)
+    assert acfg.recentre and acfg.classes == len(data.classes) and summary["keep"]["recentre"]["classes"] == acfg.classes
+    fn, recentred = fit_closed_form(data, cfg.tasks, 4, cfg)
+    assert recentred
+    videos = load_video_features(fs, source="raw", datasets=["ar"])[:12]
+    published = anonymize_videos(adapter, videos)
+    for v, p in zip(videos, published):
+        np.testing.assert_allclose(p.feats, fn(v.feats), atol=1e-4)
+    alone = anonymize_videos(adapter, videos[3:4])[0].feats
+    np.testing.assert_allclose(alone, published[3].feats, atol=1e-6)  # batch-mates change float order only
+    # a video is recentred on its own mean: not the lone-clip map (one clip = one video)
+    with torch.no_grad():
+        lone = adapter(torch.from_numpy(videos[3].feats)).numpy()
+    assert len(videos[3].feats) > 1 and not np.allclose(lone, alone, atol=1e-3)
+    # without task 'ar' there are no centroids: the adapter says so and publishes keep alone
+    msgs = []
+    tad_only = dataclasses.replace(cfg, tasks=("tad",), selection="last")
+    _, acfg, _ = train_aam(data, tad_only, log=msgs.append)
+    assert not acfg.recentre and any("recentre: off" in m for m in msgs)
+
+
 @pytest.mark.parametrize("adapter,extra", [
     ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0}, {}),
+    ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0, "recentre": True}, {}),
     ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0}, {"keep_w_dynamic": 1.0, "keep_w_app": 1.0}),
     ({"keep": 4, "layers": 1, "mixer": "mlp", "hidden": 16, "erase_rank": 4}, {})])
 def test_keep_training_never_reads_private_attribute_labels(tiny_store, tmp_path, adapter, extra):
@@ -157,3 +226,33 @@ def test_a_keep_adapter_publishes_k_wide_tables_end_to_end(tiny_store, tmp_path,
     assert _keep_family_metadata(fs)["keep_family_chosen_k"] == 6  # aam_model's next materialisation shows the curve
     md, check = curve([2, 4])
     assert md["chosen_k"].value == 4 and check.passed
+
+
+def test_heldout_classes_fit_never_sees_the_classes_it_is_probed_on(tiny_store, monkeypatch):
+    """New action classes: per fold the fit reads AR alone without the held-out classes, and AR is probed on
+    those classes' videos only, raw vs member, with intervals."""
+    from splavu_core.evaluation import keep_curve as kc
+
+    fs = FeatureStore(tiny_store)
+    inp = kc.load_inputs(fs)
+    folds = 2
+    assert len(inp.data.classes) >= 2 * folds, inp.data.classes
+    fitted = []
+    real = kc.fit_closed_form
+
+    def spy(data, tasks, k, cfg):
+        fitted.append((set(data.classes), {v.meta["action"] for v in data.ar_train + data.ar_val}, tuple(tasks)))
+        return real(data, tasks, k, cfg)
+
+    monkeypatch.setattr(kc, "fit_closed_form", spy)
+    members = kc.heldout_classes(fs, inp, [4], folds=folds, seeds=[0, 1], recentres=[True, False])
+    assert len(members) == 2 * folds and len(fitted) == 2 * folds
+    for m, (classes, seen_actions, tasks) in zip(members, fitted):
+        unseen = set(m["unseen"])
+        assert unseen == set(inp.data.classes[m["fold"]::folds]) and tasks == ("ar",)
+        assert not unseen & classes and not unseen & seen_actions  # the fit never read a held-out class
+        value, lo, hi, chance = m["raw_top1"]
+        assert lo <= value <= hi and 0 < chance < 1 and set(m) >= {"k", "recentre", "fold", "unseen", "ar"}
+        ret = m["ar"]  # retention on the held-out classes; NaN only when raw is at chance on them (tiny encoder)
+        assert (ret[1] <= ret[0] <= ret[2]) or (np.isnan(ret[0]) and lo <= chance)
+    assert {m["recentre"] for m in members} == {True, False}

@@ -26,16 +26,20 @@ from einops import rearrange, repeat
 
 # Fields added after the first stored adapters, with the value those adapters had: a stored config omits
 # them at that value (to_dict), and reading fills them back (from_dict), so defaults below may change.
-FORMAT1_VALUES = {"erase_rank": 0, "oracle": False, "mixer": "attention", "hidden": 256, "keep": 0}
+FORMAT1_VALUES = {"erase_rank": 0, "oracle": False, "mixer": "attention", "hidden": 256, "keep": 0,
+                  "recentre": False, "classes": 0}
 
 
 # The adapter `aam_model` trains unless told otherwise (TrainConfig.adapter, the CLI, Dagster): the keep
-# family's closed form, k = 14 directions of what the tasks need (README: how k was chosen). AAMConfig's own
-# defaults below are the paper's architecture, for adapters built by hand.
-DEFAULT_ADAPTER = {"keep": 14, "layers": 0, "mixer": "mlp"}
+# family's closed form, k = 8 directions of what the tasks need, each video recentred on its expected action
+# (docs/method.md: how k and recentring were chosen). AAMConfig's own defaults below are the paper's
+# architecture, for adapters built by hand.
+DEFAULT_ADAPTER = {"keep": 8, "layers": 0, "mixer": "mlp", "recentre": True}
+# The default before recentring (issue 22's keep family), kept as a named variant
+KEEP_ADAPTER = {"keep": 14, "layers": 0, "mixer": "mlp"}
 # The previous default (with TrainConfig erase_fraction 0.5: an erasure of half the dimensions, then 2 residual
 # MLP blocks trained with the learned critic), kept as a named variant
-PREVIOUS_DEFAULT_ADAPTER = {"keep": 0, "layers": 2, "mixer": "mlp", "hidden": 256}
+PREVIOUS_DEFAULT_ADAPTER = {"keep": 0, "layers": 2, "mixer": "mlp", "hidden": 256, "recentre": False}
 
 
 @dataclass
@@ -52,6 +56,8 @@ class AAMConfig:
     hidden: int = 256           # width of an "mlp" block (D -> hidden -> D)
     oracle: bool = False        # trained WITH private-attribute labels: a diagnostic, never publishable
     keep: int = 0               # k: publish only a fitted k-dim utility subspace (aam/keep.py); 0 = D wide
+    recentre: bool = False      # replace each video's kept mean by its expected action centroid (needs keep)
+    classes: int = 0            # C: action centroids of the recentring stage (set by training, like dim)
 
     def __post_init__(self):
         for f in fields(self):
@@ -72,6 +78,12 @@ class AAMConfig:
             raise ValueError(f"AAMConfig.keep must be in [0, dim={self.dim}), got {self.keep}")
         if self.keep and (self.mixer != "mlp" or self.clip_context):
             raise ValueError("AAMConfig.keep needs mixer='mlp' (its blocks work in the k-dim kept space)")
+        if self.recentre and (not self.keep or self.classes < 2):
+            raise ValueError(f"AAMConfig.recentre needs keep > 0 and classes >= 2 (the training actions), "
+                             f"got keep={self.keep}, classes={self.classes}; set recentre false for a full-width "
+                             f"adapter")
+        if not self.recentre and self.classes:
+            raise ValueError(f"AAMConfig.classes={self.classes} without recentre: nothing would read the centroids")
         if not 0 <= self.erase_rank < self.dim:
             raise ValueError(f"AAMConfig.erase_rank must be in [0, dim={self.dim}), got {self.erase_rank}")
         if self.dim % self.sub_tokens:
@@ -88,6 +100,10 @@ class AAMConfig:
     @property
     def out_dim(self) -> int:  # width of the published feature
         return self.keep or self.dim
+
+    @property
+    def whole_videos(self) -> bool:  # a clip's output depends on its video's other clips: anonymize videos whole
+        return self.clip_context or self.recentre
 
     def to_dict(self) -> dict:
         # fields added after format 1 are omitted at their format-1 value, so existing adapters keep their hash
@@ -206,6 +222,29 @@ class Keep(nn.Module):
         return (x - self.mean) @ self.proj
 
 
+class Recentre(nn.Module):
+    """Each video's kept mean replaced by its expected action centroid (`aam.keep.fit_recentre`, frozen buffers):
+    the posterior-weighted mixture of the training actions' centroids under a shared-covariance Gaussian model,
+    moved proportionally less past a training quantile of distances (classes nobody trained for). Per video."""
+
+    def __init__(self, k: int, classes: int):
+        super().__init__()
+        self.register_buffer("centroids", torch.zeros(classes, k))  # (C, k)
+        self.register_buffer("precision", torch.zeros(k, k))        # (k, k)
+        self.register_buffer("gate", torch.zeros(()))               # squared distance
+
+    def forward(self, z: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        # z: (B, T, k); mask: (B, T) bool or None
+        w_t = torch.ones(z.shape[:2], dtype=z.dtype) if mask is None else mask.to(z.dtype)
+        m = (z * w_t[..., None]).sum(1) / w_t.sum(1, keepdim=True)            # (B, k) mean of real clips
+        d = m[:, None, :] - self.centroids                                    # (B, C, k)
+        q = torch.einsum("bck,kl,bcl->bc", d, self.precision, d)              # (B, C)
+        qmin = q.min(1).values                                                # (B,)
+        w = torch.softmax(-0.5 * q, dim=1)                                    # (B, C)
+        scale = (self.gate / qmin.clamp_min(1e-12)).clamp(max=1.0)            # (B,)
+        return z + (scale[:, None] * (w @ self.centroids - m))[:, None, :]
+
+
 class AnonymizingAdapter(nn.Module):
     """f_A: (B, T, D) videos x clips [+ (B, T) bool padding mask, True = real clip] or (N, D) lone clips
     -> same shape. Padded clips are returned unchanged and never influence real ones.
@@ -220,6 +259,7 @@ class AnonymizingAdapter(nn.Module):
         S, C, W = cfg.sub_tokens, cfg.sub_dim, cfg.token_width
         self.erase = Erasure(cfg.dim, cfg.erase_rank) if cfg.erase_rank else None
         self.keep = Keep(cfg.dim, cfg.keep) if cfg.keep else None
+        self.recentre = Recentre(cfg.keep, cfg.classes) if cfg.recentre else None
         if cfg.mixer == "mlp":  # one dense residual MLP per block on the whole vector: ~8x fewer MACs per clip
             self.mlps = nn.ModuleList(ClipMLP(cfg.out_dim, cfg.hidden) for _ in range(cfg.layers))
             return
@@ -264,6 +304,8 @@ class AnonymizingAdapter(nn.Module):
             h = x_in
             for mlp in self.mlps:
                 h = h + mlp(h)                                   # (B, T, D)
+            if self.recentre is not None:
+                h = self.recentre(h, mask)                       # (B, T, k): per video
             y = h if mask is None else torch.where(mask[..., None], h, x)
             return y[:, 0] if lone else y
 

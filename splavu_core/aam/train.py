@@ -72,6 +72,7 @@ class TrainConfig:
     keep_tad_phases: int = 3             # keep fit: a TAD segment's clips labelled by class and phase (start .. end)
     keep_w_dynamic: float = 0.0          # keep fit: weight of what motion adds to a video (moving clips minus its static clips)
     keep_ridge: float = 0.3              # keep fit: shrinkage, isotropic variance added to the rest as a share of the total
+    recentre_quantile: float = 0.8       # recentring (adapter recentre): videos farther from every action than this share of the training videos are moved less
     heldout_fraction: float = 0.2        # static-bearing training videos kept out of training, for diagnostics
     diagnose_points: int = 4             # fresh-critic pair matching measured this many times during training
     diagnose_steps: int = 300            # training steps of each fresh diagnostic critic
@@ -121,6 +122,8 @@ def check_data(data: TrainingData, cfg: TrainConfig) -> None:
         labels = {v.meta.get("anomaly") for v in data.ad_train} - {None}
         if labels != {0, 1}:
             problems.append(f"task 'ad' needs training videos with both anomaly labels 0 and 1; found {sorted(labels)}")
+    if not 0 < cfg.recentre_quantile <= 1:
+        problems.append(f"recentre_quantile must be in (0, 1], got {cfg.recentre_quantile}")
     if data.static.ndim != 3 or len(data.static) < 2 or data.static.shape[1] < 2:
         problems.append(f"the privacy loss needs >= 2 static clips for >= 2 training videos; static latents have "
                         f"shape {tuple(data.static.shape)} (extract with static_k >= 2)")
@@ -253,6 +256,20 @@ def fit_utility_keep(data: TrainingData, tasks, k: int, cfg: TrainConfig, transf
                     ridge=cfg.keep_ridge)
 
 
+def fit_closed_form(data: TrainingData, tasks, k: int, cfg: TrainConfig):
+    """The default adapter's closed-form stages as numpy, for the keep curve: the keep fit, then (when cfg.adapter
+    recentres and AR is among `tasks`, as train_aam decides) the recentring fit. Returns (per-video map (T, D) ->
+    (T, k), recentred or not); train_aam's adapter gives the same rows (tests/test_keep.py)."""
+    from .keep import apply_keep, apply_recentre, fit_recentre
+
+    fit = fit_utility_keep(data, tasks, k, cfg)
+    if not (cfg.adapter.get("recentre") and "ar" in tasks and len(data.classes) >= 2):
+        return (lambda f: apply_keep(fit, f)), False
+    means = np.stack([apply_keep(fit, v.feats).mean(0) for v in data.ar_train])
+    rfit = fit_recentre(means, [v.meta["action"] for v in data.ar_train], cfg.recentre_quantile)
+    return (lambda f: apply_recentre(rfit, apply_keep(fit, f))), True
+
+
 def _load_buffers(module, **arrays) -> None:
     """Copy fitted numpy arrays into a frozen stage's buffers of the same names."""
     with torch.no_grad():
@@ -274,6 +291,22 @@ def _fit_keep_into(adapter, data: TrainingData, cfg: TrainConfig, log) -> dict:
         log(f"keep: publishing {k} utility directions of {data.dim} (tasks {', '.join(cfg.tasks) or 'none: motion'}; "
             f"utility ratio {ev[0]:.3f} .. {ev[k - 1]:.3f}; largest dropped {ev[k]:.3f})")
     return {"k": k, "tasks": list(cfg.tasks), "eigenvalues": [round(float(x), 5) for x in ev[:2 * k + 1]]}
+
+
+def _fit_recentre_into(adapter, stage, data: TrainingData, cfg: TrainConfig, log) -> dict:
+    """The recentring stage from the AR training videos' published means (the adapter without it) and their
+    action labels (aam/keep.py); installed into the adapter."""
+    from .keep import fit_recentre
+
+    with torch.no_grad():
+        means = np.stack([adapter(torch.from_numpy(v.feats)).mean(0).numpy() for v in data.ar_train])
+    fit = fit_recentre(means, [v.meta["action"] for v in data.ar_train], cfg.recentre_quantile)
+    _load_buffers(stage, centroids=fit.centroids, precision=fit.precision, gate=fit.gate)
+    adapter.recentre = stage
+    if log:
+        log(f"recentre: each video's kept mean -> its expected action among {len(fit.centroids)} "
+            f"(moved less past the {cfg.recentre_quantile:.0%} quantile of training distances, {float(fit.gate):.2f})")
+    return {"classes": len(fit.centroids), "quantile": cfg.recentre_quantile, "gate": round(float(fit.gate), 4)}
 
 
 def _fit_erasure_into(adapter, data: TrainingData, fit_idx: np.ndarray, cfg: TrainConfig, log) -> dict:
@@ -313,6 +346,13 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
     gen = torch.Generator().manual_seed(cfg.seed)
     adapter_kw = dict(cfg.adapter)
     adapter_kw.setdefault("erase_rank", int(round(cfg.erase_fraction * data.dim)))
+    if adapter_kw.get("recentre"):  # the centroids are the trained actions': without task 'ar' there are none
+        if "ar" in cfg.tasks and len(data.classes) >= 2:
+            adapter_kw["classes"] = len(data.classes)               # derived from the data, like dim
+        else:
+            adapter_kw["recentre"] = False
+            if log:
+                log("recentre: off (it recentres on the trained actions' centroids; task 'ar' is not trained)")
     acfg = AAMConfig(dim=data.dim, oracle=cfg.oracle, **adapter_kw)
     adapter = AnonymizingAdapter(acfg)
     C, out = len(data.classes), acfg.out_dim                       # heads read the published width
@@ -325,6 +365,9 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
         fit_idx, held_idx = np.arange(n_static), np.arange(0)
     erasure = _fit_erasure_into(adapter, data, fit_idx, cfg, log) if acfg.erase_rank else None
     keep = _fit_keep_into(adapter, data, cfg, log) if acfg.keep else None
+    # recentring is per video and fitted on what the other stages publish: trained blocks learn on lone clips
+    # without it, and it is fitted after them (below)
+    recentre_stage, adapter.recentre = adapter.recentre, None
     fixed = adapter.fixed_stages if acfg.keep else None            # heads pretrain on the kept subspace
     ar_head = ARHead(out, max(C, 2))
     tad_head = TADHead(out, max(len(data.tad_classes), 1))
@@ -414,6 +457,8 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
                 + "".join(f" {k} {v:.3f}" for k, v in entry.items() if k.startswith("pm_")))
     adapter.load_state_dict(best[1])
     adapter.eval()
+    if recentre_stage is not None:
+        keep["recentre"] = _fit_recentre_into(adapter, recentre_stage, data, cfg, log)
     if diagnose:
         diag["selected"] = _diagnose(adapter, data, fit_idx, held_idx, cfg.seed, cfg.diagnose_steps)
         if log:

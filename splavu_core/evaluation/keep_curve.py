@@ -20,8 +20,7 @@ import io
 import time
 from collections.abc import Sequence
 
-from ..aam.keep import apply_keep
-from ..aam.train import TrainConfig, fit_utility_keep, load_training_data
+from ..aam.train import TrainConfig, fit_closed_form, load_training_data
 from ..ledger import privacy_threshold, utility_fraction
 from ..datasets import task_datasets, training_plan
 from ..store import FeatureStore
@@ -102,21 +101,49 @@ def load_inputs(fs: FeatureStore, cfg: TrainConfig | None = None) -> FamilyInput
 
 
 def family_sets(inp: FamilyInputs, ks: Sequence[int], ridges: Sequence[float] | None = None,
-                seens: Sequence[str] = ()) -> tuple[dict, list[dict]]:
-    """Fit one keep member per (ridge, k, seen task set) and project the raw sets through it.
-    Returns (name -> dataset -> videos, members); seens: "ar", "ar,tad", ... (default: the config's tasks)."""
+                seens: Sequence[str] = (), recentres: Sequence[bool] | None = None) -> tuple[dict, list[dict]]:
+    """Fit one member per (recentring, ridge, k, seen task set) and project the raw sets through it.
+    Returns (name -> dataset -> videos, members); seens: "ar", "ar,tad", ... (default: the config's tasks);
+    recentres: with and/or without recentring (default: as the config's adapter)."""
     sets, members = {}, []
-    for ridge in ridges or [inp.cfg.keep_ridge]:
-        cfg = dataclasses.replace(inp.cfg, keep_ridge=ridge)
-        for k in ks:
-            for seen in seens or [",".join(cfg.tasks)]:
-                tasks = tuple(t for t in seen.split(",") if t)
-                fit = fit_utility_keep(inp.data, tasks, k, cfg)
-                name = f"keep k={k}" + (f" ridge {ridge:g}" if ridges else "") + (f" seen {seen}" if seens else "")
-                sets[name] = {d: [dataclasses.replace(v, feats=apply_keep(fit, v.feats)) for v in vs]
-                              for d, vs in inp.raw.items()}
-                members.append({"name": name, "k": k, "ridge": ridge, "seen": list(tasks)})
+    for recentre in recentres or [bool(inp.cfg.adapter.get("recentre"))]:
+        for ridge in ridges or [inp.cfg.keep_ridge]:
+            cfg = dataclasses.replace(inp.cfg, keep_ridge=ridge, adapter={**inp.cfg.adapter, "recentre": recentre})
+            for k in ks:
+                for seen in seens or [",".join(cfg.tasks)]:
+                    tasks = tuple(t for t in seen.split(",") if t)
+                    fn, recentred = fit_closed_form(inp.data, tasks, k, cfg)
+                    name = (f"keep k={k}" + (" + recentre" if recentred else "") + (f" ridge {ridge:g}" if ridges else "")
+                            + (f" seen {seen}" if seens else ""))
+                    if name in sets:  # recentring asked for without task 'ar': the member without it, already there
+                        continue
+                    sets[name] = {d: [dataclasses.replace(v, feats=fn(v.feats)) for v in vs] for d, vs in inp.raw.items()}
+                    members.append({"name": name, "k": k, "ridge": ridge, "seen": list(tasks), "recentre": recentred})
     return sets, members
+
+
+def heldout_classes(fs: FeatureStore, inp: FamilyInputs, ks: Sequence[int], folds: int = 3,
+                    seeds: Sequence[int] = range(5), recentres: Sequence[bool] | None = None,
+                    split: str = "val") -> list[dict]:
+    """Action classes nobody trained for. Per fold f, the fit sees AR alone, without the classes classes[f::folds]
+    (neither their train nor their val videos), and AR is probed on those classes' videos only: raw vs member,
+    paired, with intervals. Returns the members, each with its fold, unseen classes and raw's top-1 on them
+    ([value, ci_low, ci_high, chance]); a member's "ar" is its retention (NaN when raw is at chance there)."""
+    d, ards = inp.data, inp.datasets.get("ar")
+    assert ards and len(d.classes) >= 2 * folds, f"heldout_classes needs an AR dataset with >= {2 * folds} classes"
+    out = []
+    for f in range(folds):
+        unseen = set(d.classes[f::folds])
+        seen = [v for v in d.ar_train if v.meta["action"] not in unseen]
+        data = dataclasses.replace(d, ar_train=seen, ar_val=[v for v in d.ar_val if v.meta["action"] not in unseen],
+                                   classes=[c for c in d.classes if c not in unseen])
+        sub = dataclasses.replace(inp, data=data, cfg=dataclasses.replace(inp.cfg, tasks=("ar",)), which=["ar"],
+                                  raw={ards: [v for v in inp.raw[ards] if v.meta.get("action") in unseen]})
+        sets, members = family_sets(sub, ks, recentres=recentres)
+        raw = next(r for r in score_family(fs, sub, sets, members, [], split=split, seeds=seeds) if r["metric"] == "top1")
+        out += [{**m, "fold": f, "unseen": sorted(unseen),
+                 "raw_top1": [round(raw[k], 4) for k in ("value", "ci_low", "ci_high", "chance")]} for m in members]
+    return out
 
 
 def score_family(fs: FeatureStore, inp: FamilyInputs, sets: dict, members: list[dict], marks: list[dict],
@@ -146,16 +173,18 @@ def plot_png(members: list[dict], chosen: dict | None, marks: Sequence[dict] = (
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for ax, task in zip(axes, ("ar", "tad")):
-        pts = [m for m in members if task in m and "privacy" in m and "clip_privacy" in m]
-        x = [min(m["privacy"][0], m["clip_privacy"][0]) for m in pts]
-        y = [m[task][0] for m in pts]
-        err = [[m[task][0] - m[task][1] for m in pts], [m[task][2] - m[task][0] for m in pts]]
-        ax.errorbar(x, y, yerr=err, fmt="o-", label="keep family")
-        for m, xi, yi in zip(pts, x, y):
-            ax.annotate(f"k={m['k']}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
-        if chosen and chosen in pts:
-            i = pts.index(chosen)
-            ax.plot([x[i]], [y[i]], "*", ms=14, color="tab:red", label=f"chosen k={chosen['k']}")
+        for recentred in sorted({bool(m.get("recentre")) for m in members}):
+            pts = [m for m in members if task in m and "privacy" in m and "clip_privacy" in m
+                   and bool(m.get("recentre")) == recentred]
+            x = [min(m["privacy"][0], m["clip_privacy"][0]) for m in pts]
+            y = [m[task][0] for m in pts]
+            err = [[m[task][0] - m[task][1] for m in pts], [m[task][2] - m[task][0] for m in pts]]
+            ax.errorbar(x, y, yerr=err, fmt="o-", label="keep + recentre" if recentred else "keep")
+            for m, xi, yi in zip(pts, x, y):
+                ax.annotate(f"k={m['k']}", (xi, yi), textcoords="offset points", xytext=(4, 4), fontsize=7)
+            if chosen and chosen in pts:
+                i = pts.index(chosen)
+                ax.plot([x[i]], [y[i]], "*", ms=14, color="tab:red", label=f"chosen k={chosen['k']}")
         for m in marks:
             if task in m and "privacy" in m and "clip_privacy" in m:
                 ax.errorbar([min(m["privacy"][0], m["clip_privacy"][0])], [m[task][0]],
@@ -174,22 +203,27 @@ def plot_png(members: list[dict], chosen: dict | None, marks: Sequence[dict] = (
 def keep_curve(fs: FeatureStore, ks: Sequence[int] = DEFAULT_KS, seeds: Sequence[int] = range(5),
                versions: Sequence[str] = (), cfg: TrainConfig | None = None, budget: float | None = None,
                floor: float | None = None, extra_sets: dict | None = None, extra_marks: Sequence[dict] = (),
-               inputs: FamilyInputs | None = None, log=None) -> tuple[dict, bytes]:
+               inputs: FamilyInputs | None = None, log=None,
+               recentres: Sequence[bool] | None = None) -> tuple[dict, bytes]:
     """The family's curve on validation videos, with published `versions` (and `extra_sets`, e.g. variants
-    trained in memory) marked; writes reports/keep_family.{json,png} and returns (the JSON, the PNG)."""
+    trained in memory) marked; writes reports/keep_family.{json,png} and returns (the JSON, the PNG).
+    recentres: also draw the members with/without recentring; the operating point is chosen among the members
+    that recentre as the config's adapter does."""
     budget = privacy_threshold() if budget is None else budget
     floor = utility_fraction() if floor is None else floor
     t0 = time.perf_counter()
     inp = inputs or load_inputs(fs, cfg)
     ks = [k for k in ks if 0 < k < inp.data.dim]  # k = D would publish an invertible map of the raw latents
     assert ks, f"keep_curve: no width below the latents' {inp.data.dim} dims among {ks}"
-    sets, members = family_sets(inp, ks)
+    sets, members = family_sets(inp, ks, recentres=recentres)
     marks = [dict(m) for m in extra_marks]
     raw_rows = score_family(fs, inp, {**sets, **(extra_sets or {})}, members, marks, versions, "val", seeds, log)
-    chosen = operating_point(members, budget, floor)
+    own = bool(inp.cfg.adapter.get("recentre")) and any(m["recentre"] for m in members)
+    chosen = operating_point([m for m in members if m["recentre"] == own], budget, floor)
     out = {"split": "val", "seeds": list(seeds), "budget": budget, "floor": floor, "members": members,
            "marks": marks, "chosen_k": chosen and chosen["k"], "keep_ridge": inp.cfg.keep_ridge,
-           "keep_w_motion": inp.cfg.keep_w_motion, "keep_w_dynamic": inp.cfg.keep_w_dynamic, "raw": raw_rows,
+           "keep_w_motion": inp.cfg.keep_w_motion, "keep_w_dynamic": inp.cfg.keep_w_dynamic, "recentre": own,
+           "raw": raw_rows,
            "seconds": round(time.perf_counter() - t0, 1)}
     png = plot_png(members, chosen, marks)
     fs.fs.write_json("reports/keep_family.json", out)
