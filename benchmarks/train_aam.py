@@ -42,14 +42,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from splavu_core.aam.train import TrainConfig, load_training_data, train_aam  # noqa: E402
-from splavu_core.extract import decode_video  # noqa: E402
-from splavu_core.datasets import dataset_manifest, registered  # noqa: E402
-from splavu_core.sampling import ClipSampling  # noqa: E402
-from splavu_core.store import FeatureStore  # noqa: E402
-from splavu_core.video import DecordVideo  # noqa: E402
+from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
+from splavu_core.extract import decode_video
+from splavu_core.datasets import dataset_manifest, registered
+from splavu_core.sampling import ClipSampling
+from splavu_core.store import FeatureStore
+from splavu_core.video import DecordVideo
 
 KINDS = ("ar", "static", "tad", "ad", "val")
 PAPER = {"cached_min": 5.4, "encoder_in_loop_min": 185.0, "ratio": round(185.0 / 5.4, 1)}
