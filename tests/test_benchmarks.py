@@ -75,6 +75,13 @@ def test_train_aam(store_copy):
     out = run_bench("train_aam", "--store", store_copy, "--epochs", 1, "--clips", 24)
     assert out["cached"]["seconds_end_to_end"] > 0 and out["encoder_in_loop"]["subset_adapter_step_s"] > 0
     assert out["ratio_encoder_in_loop_vs_cached_epoch"] > 0 and out["data"]["static_per_video"] >= 2
+    # the default's pass is its closed-form fit: every task video and static clip, no sampled clip
+    reads = out["encoder_in_loop"]["clips_per_epoch"]
+    assert out["adapter_is_closed_form"] and reads["clips"] == 0 and reads["videos"] > 0 and reads["static"] > 0
+    trained = run_bench("train_aam", "--store", store_copy, "--epochs", 1, "--clips", 24,
+                        "--config", json.dumps({"adapter": {"keep": 14, "layers": 1, "mixer": "mlp"}}))
+    assert not trained["adapter_is_closed_form"] and trained["cached"]["epochs_run"] == 1
+    assert trained["encoder_in_loop"]["clips_per_epoch"]["clips"] >= 128  # one step's AR batch (TrainConfig.batch)
 
 
 def test_encoder_quality(tiny_bench, tiny_videomae, store_copy):
