@@ -5,6 +5,7 @@ import inspect
 import io
 import json
 import re
+import time
 
 import dagster as dg
 from pydantic import Field, ValidationError, create_model
@@ -182,7 +183,9 @@ def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, stor
     context.log.info(plan.summary())
     data = load_training_data(fs, plan.datasets["ar"], plan.datasets["tad"], plan.datasets["ad"])
     train_cfg = dataclasses.replace(config.train_config(), tasks=plan.tasks, selection=plan.selection)
+    t = time.perf_counter()
     adapter, acfg, summary = train_aam(data, train_cfg, log=context.log.info)
+    fit_s = time.perf_counter() - t  # fits, loop and diagnostics: the closed form's work is all outside the loop
     fingerprint = fs.encoder_fingerprint()
     version = adapter_version(adapter, acfg, fingerprint)  # content hash: same weights, same version
     final = fs.loc("aam", version)
@@ -198,20 +201,57 @@ def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, stor
                    metrics, make_current=False)  # becomes current once its tables are published
     costs.record(fs, "splavu", "train", version, summary["seconds"])
     return dg.MaterializeResult(metadata={
-        "version": version, "parameters": summary["parameters"], "encoder_fingerprint": fingerprint,
-        "selected_epoch": summary["selected_epoch"], "train_seconds": dg.MetadataValue.float(summary["seconds"]),
-        # numbers as numbers: the Plots tab charts each key across versions
-        **{k: dg.MetadataValue.float(float(v)) for k, v in metrics.items() if k != "selected_epoch" and v is not None},
-        "final_losses": float_table({k: v for k, v in metrics.items() if k.endswith("_loss")}, "term", "loss"),
-        "path": dg.MetadataValue.path(str(final)),
+        "version": version, "encoder_fingerprint": fingerprint, "path": dg.MetadataValue.path(str(final)),
+        "fit": dg.MetadataValue.text(fit_description(summary, acfg.dim)),
+        "fit_seconds": dg.MetadataValue.float(round(fit_s, 2)),
+        **(_training_metadata(summary, metrics, png, fs.loc("aam", version, "loss_curves.png"))
+           if summary["history"] else {}),
         **_diagnostic_metadata(summary.get("diagnostics")),
-        # the one way to show an image in the UI is markdown; the PNG itself is at loss_curves_path
-        **({"loss_curves_path": dg.MetadataValue.path(str(fs.loc("aam", version, "loss_curves.png"))),
-            "loss_curves": dg.MetadataValue.md(png_markdown(png, "loss curves"))}
-           if png else {}),
-        **({"published_width": summary["keep"]["k"]} if summary.get("keep") else {}),
+        **_keep_metadata(summary.get("keep"), acfg.dim),
         **_keep_family_metadata(fs),
     })
+
+
+def fit_description(summary: dict, dim: int) -> str:
+    """One line on what aam_model did: a closed-form keep fit has no epochs, and "0 parameters, selected epoch 0"
+    would read as nothing trained."""
+    keep = summary.get("keep")
+    width = f"keep fit, k = {keep['k']} of {dim} directions" if keep else "fit"
+    if not summary["history"]:
+        return f"closed-form {width}, no training loop"
+    trained = f"{summary['parameters']} parameters trained, selected epoch {summary['selected_epoch']}"
+    return f"{width}, then {trained}" if keep else trained
+
+
+def _training_metadata(summary: dict, metrics: dict, png: bytes, png_path: str) -> dict:
+    """What only a trained adapter has: its epochs' losses, as numbers (charted across versions), a table and plots."""
+    return {
+        "parameters": summary["parameters"], "selected_epoch": summary["selected_epoch"],
+        "train_seconds": dg.MetadataValue.float(summary["seconds"]),
+        **{k: dg.MetadataValue.float(float(v)) for k, v in metrics.items() if k != "selected_epoch" and v is not None},
+        "final_losses": float_table({k: v for k, v in metrics.items() if k.endswith("_loss")}, "term", "loss"),
+        # the one way to show an image in the UI is markdown; the PNG itself is at loss_curves_path
+        "loss_curves_path": dg.MetadataValue.path(str(png_path)),
+        "loss_curves": dg.MetadataValue.md(png_markdown(png, "loss curves")),
+    }
+
+
+def _keep_metadata(keep: dict | None, dim: int) -> dict:
+    """The keep stage's width and the utility ratios it ranked directions by (the k kept and the k + 1 largest
+    dropped, as train_aam records them): a small gap at the cut means the width is a close call."""
+    if not keep:
+        return {}
+    k, ev = keep["k"], keep["eigenvalues"]
+    md = {"published_width": keep["k"], "input_width": dim,
+          "keep_tasks": dg.MetadataValue.text(", ".join(keep["tasks"]) or "none: motion directions"),
+          "keep_smallest_kept_ratio": dg.MetadataValue.float(float(ev[k - 1]))}
+    if len(ev) > k:
+        md["keep_largest_dropped_ratio"] = dg.MetadataValue.float(float(ev[k]))
+    md["keep_spectrum"] = dg.MetadataValue.table(
+        [dg.TableRecord({"direction": i + 1, "utility_ratio": float(e), "kept": i < k}) for i, e in enumerate(ev)],
+        schema=dg.TableSchema(columns=[dg.TableColumn("direction", "int"), dg.TableColumn("utility_ratio", "float"),
+                                       dg.TableColumn("kept", "bool")]))
+    return md
 
 
 def _keep_family_metadata(fs) -> dict:

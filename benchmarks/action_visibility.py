@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -24,13 +23,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from splavu_core.evaluation.protocols import top1_among  # noqa: E402
-from splavu_core.manifest import load_manifest  # noqa: E402
-from splavu_core.pixel import PixelAnonymizer  # noqa: E402
-from splavu_core.synth.figure import INTERACTIONS  # noqa: E402
-from splavu_core.video import DecordVideo  # noqa: E402
+from splavu_core.evaluation.protocols import top1_among
+from splavu_core.manifest import load_manifest
+from splavu_core.pixel import PixelAnonymizer
+from splavu_core.synth.figure import INTERACTIONS
+from splavu_core.video import DecordVideo
 
 SAME_MOTION = ("drink", "eat", "phone")
 FRAMES = np.arange(0, 16, 2)  # 8 frames of the first 16-frame clip

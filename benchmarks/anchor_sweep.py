@@ -17,24 +17,21 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from splavu_core.aam.keep import apply_keep  # noqa: E402
-from splavu_core.aam.train import fit_utility_keep  # noqa: E402
-from splavu_core.encoders.vfm import DEMO_CHECKPOINT, load_encoder  # noqa: E402
-from splavu_core.evaluation import trivial  # noqa: E402
-from splavu_core.evaluation.keep_curve import load_inputs, score_family  # noqa: E402
-from splavu_core.extract import stack_prepared  # noqa: E402
-from splavu_core.datasets import shard_rows  # noqa: E402
-from splavu_core.sampling import ClipSampling  # noqa: E402
-from splavu_core.store import FeatureStore  # noqa: E402
-from splavu_core.video import DecordVideo  # noqa: E402
+from splavu_core.aam.keep import apply_keep
+from splavu_core.aam.train import fit_utility_keep
+from splavu_core.encoders.vfm import DEMO_CHECKPOINT, load_encoder
+from splavu_core.evaluation import trivial
+from splavu_core.evaluation.keep_curve import load_inputs, score_family
+from splavu_core.extract import stack_prepared
+from splavu_core.datasets import shard_rows
+from splavu_core.sampling import ClipSampling
+from splavu_core.store import FeatureStore
+from splavu_core.video import DecordVideo
 
 
 def encode_anchors(fs: FeatureStore, checkpoint: str, static_k: int, batch: int = 16) -> dict[str, np.ndarray]:

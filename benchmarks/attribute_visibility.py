@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +18,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from sklearn.metrics import average_precision_score
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from splavu_core.manifest import load_manifest  # noqa: E402
-from splavu_core.video import DecordVideo  # noqa: E402
+from splavu_core.manifest import load_manifest
+from splavu_core.video import DecordVideo
 
 
 def load(m, split):

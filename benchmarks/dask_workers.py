@@ -19,13 +19,11 @@ import argparse
 import json
 import os
 import platform
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # the benchmark process only orchestrates
 
 import dagster as dg  # noqa: E402

@@ -13,23 +13,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from splavu_core.encoders.vfm import DEMO_CHECKPOINT, load_encoder  # noqa: E402
-from splavu_core.evaluation.protocols import action_recognition, gait_retrieval, privacy_attack, top1_among  # noqa: E402
-from splavu_core.evaluation.scoring import _usable_attributes  # noqa: E402
-from splavu_core.extract import extract_shard  # noqa: E402
-from splavu_core.features import VideoFeatures  # noqa: E402
-from splavu_core.manifest import load_manifest  # noqa: E402
-from splavu_core.sampling import ClipSampling  # noqa: E402
-from splavu_core.synth.figure import INTERACTIONS  # noqa: E402
+from splavu_core.encoders.vfm import DEMO_CHECKPOINT, load_encoder
+from splavu_core.evaluation.protocols import action_recognition, gait_retrieval, privacy_attack, top1_among
+from splavu_core.evaluation.scoring import _usable_attributes
+from splavu_core.extract import extract_shard
+from splavu_core.features import VideoFeatures
+from splavu_core.manifest import load_manifest
+from splavu_core.sampling import ClipSampling
+from splavu_core.synth.figure import INTERACTIONS
 
 
 def features(m, enc, sampling) -> list[VideoFeatures]:

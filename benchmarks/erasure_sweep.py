@@ -15,18 +15,14 @@ import dataclasses
 import json
 import sys
 import time
-from pathlib import Path
 
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from splavu_core.aam.diagnostics import heldout_split, pair_matching_report  # noqa: E402
-from splavu_core.aam.erasure import apply_erasure  # noqa: E402
-from splavu_core.aam.train import fit_appearance_erasure, load_training_data  # noqa: E402
-from splavu_core.evaluation.scoring import score_sets  # noqa: E402
-from splavu_core.evaluation.suite import RAW, load_feature_sets, metric_value  # noqa: E402
-from splavu_core.datasets import task_datasets  # noqa: E402
-from splavu_core.store import FeatureStore  # noqa: E402
+from splavu_core.aam.diagnostics import heldout_split, pair_matching_report
+from splavu_core.aam.erasure import apply_erasure
+from splavu_core.aam.train import fit_appearance_erasure, load_training_data
+from splavu_core.evaluation.scoring import score_sets
+from splavu_core.evaluation.suite import RAW, load_feature_sets, metric_value
+from splavu_core.datasets import task_datasets
+from splavu_core.store import FeatureStore
 
 KEYS = {"privacy": "cmap", "clip_privacy": "cmap", "ar": "top1", "tad": "mAP", "ad": "auc"}
 

@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,15 +27,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from splavu_core.encoders.vfm import DEMO_CHECKPOINT, load_encoder  # noqa: E402
-from splavu_core.extract import encoder_workers, extract_shard, manifest_hash  # noqa: E402
-from splavu_core.manifest import load_manifest  # noqa: E402
-from splavu_core.sampling import ClipSampling  # noqa: E402
-from splavu_core.store import FeatureStore  # noqa: E402
-from splavu_core.threads import intra_op_threads  # noqa: E402
-from splavu_core.video import DecordVideo  # noqa: E402
+from splavu_core.encoders.vfm import DEMO_CHECKPOINT, load_encoder
+from splavu_core.extract import encoder_workers, extract_shard, manifest_hash
+from splavu_core.manifest import load_manifest
+from splavu_core.sampling import ClipSampling
+from splavu_core.store import FeatureStore
+from splavu_core.threads import intra_op_threads
+from splavu_core.video import DecordVideo
 
 
 class Timer:

@@ -26,12 +26,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from splavu_core import forget as fg  # noqa: E402
-from splavu_core.neighbors import write_index  # noqa: E402
-from splavu_core.publish import _anonymized_table, anonymized_key, record_version  # noqa: E402
-from splavu_core.store import QUARANTINE_SCHEMA, FeatureStore, ShardLatents  # noqa: E402
+from splavu_core import forget as fg
+from splavu_core.neighbors import write_index
+from splavu_core.publish import _anonymized_table, anonymized_key, record_version
+from splavu_core.store import QUARANTINE_SCHEMA, FeatureStore, ShardLatents
 
 CLIPS_PER_VIDEO, STATIC_K, VIDEOS_PER_SUBJECT, KEEP = 10, 2, 5, 14
 FP, VERSION = "bench-encoder", "benchversion0001"

@@ -29,7 +29,6 @@ import os
 import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -38,13 +37,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from splavu_core import analyst  # noqa: E402
-from splavu_core import catalog as cat  # noqa: E402
-from splavu_core import neighbors as nn  # noqa: E402
-from splavu_core.publish import anonymized_schema, record_version  # noqa: E402
-from splavu_core.store import FeatureStore  # noqa: E402
+from splavu_core import analyst
+from splavu_core import catalog as cat
+from splavu_core import neighbors as nn
+from splavu_core.publish import anonymized_schema, record_version
+from splavu_core.store import FeatureStore
 
 VERSION = "benchneighbors01"
 CLIPS_PER_VIDEO = 8

@@ -17,29 +17,33 @@ produce_ratio_excl_training = pixel / (raw + anonymize).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from publish import make_adapter  # noqa: E402  (benchmarks/publish.py)
-from splavu_core.encoders.vfm import DEMO_CHECKPOINT, load_encoder  # noqa: E402
-from splavu_core.extract import extract_shard, manifest_hash  # noqa: E402
-from splavu_core.manifest import load_manifest  # noqa: E402
-from splavu_core.pixel import BASELINES, PixelAnonymizer  # noqa: E402
-from splavu_core.publish import anonymize_shard  # noqa: E402
-from splavu_core.sampling import ClipSampling  # noqa: E402
-from splavu_core.store import FeatureStore  # noqa: E402
+from splavu_core.encoders.vfm import DEMO_CHECKPOINT, load_encoder
+from splavu_core.extract import extract_shard, manifest_hash
+from splavu_core.manifest import load_manifest
+from splavu_core.pixel import BASELINES, PixelAnonymizer
+from splavu_core.publish import anonymize_shard
+from splavu_core.sampling import ClipSampling
+from splavu_core.store import FeatureStore
 
 SHARD = "bench-000"
+
+
+def make_adapter(*args, **kw) -> Path:
+    """benchmarks/publish.py's trained-looking adapter, loaded from its file: benchmarks/ is not a package."""
+    spec = importlib.util.spec_from_file_location("bench_publish", Path(__file__).with_name("publish.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.make_adapter(*args, **kw)
 
 
 def timed_extract(root: Path, rows, data_root, enc, sampling, static_splits, pixel=None) -> tuple[float, dict]:

@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from splavu_core.evaluation import stats  # noqa: E402
-from splavu_core.evaluation.scoring import run_task  # noqa: E402
-from splavu_core.evaluation.suite import load_feature_sets  # noqa: E402
-from splavu_core.datasets import task_datasets  # noqa: E402
-from splavu_core.store import FeatureStore  # noqa: E402
+from splavu_core.evaluation import stats
+from splavu_core.evaluation.scoring import run_task
+from splavu_core.evaluation.suite import load_feature_sets
+from splavu_core.datasets import task_datasets
+from splavu_core.store import FeatureStore
 
 
 HEAD = {"ar": "top1", "tad": "mAP", "ad": "auc", "privacy": "cmap", "clip_privacy": "cmap"}

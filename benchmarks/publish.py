@@ -29,7 +29,6 @@ import os
 import platform
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,14 +38,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from splavu_core import analyst  # noqa: E402
-from splavu_core import catalog as cat  # noqa: E402
-from splavu_core import publish as pub  # noqa: E402
-from splavu_core.aam import AAMConfig, AnonymizingAdapter, load_adapter, save_adapter  # noqa: E402
-from splavu_core.aam.model import PREVIOUS_DEFAULT_ADAPTER  # noqa: E402
-from splavu_core.store import (CLIP_INDEX_SCHEMA, QUARANTINE_SCHEMA, STATIC_INDEX_SCHEMA, FeatureStore,  # noqa: E402
+from splavu_core import analyst
+from splavu_core import catalog as cat
+from splavu_core import publish as pub
+from splavu_core.aam import AAMConfig, AnonymizingAdapter, load_adapter, save_adapter
+from splavu_core.aam.model import PREVIOUS_DEFAULT_ADAPTER
+from splavu_core.store import (CLIP_INDEX_SCHEMA, QUARANTINE_SCHEMA, STATIC_INDEX_SCHEMA, FeatureStore,
                                ShardLatents, write_parquet_atomic)
 
 FP = "bench-synthetic-encoder"

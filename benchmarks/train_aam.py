@@ -5,30 +5,30 @@
 STORE must already hold the latents of the registered datasets ar / tad / ad (committed shards,
 static latents of the training videos), as `make demo` leaves them.
 
-(a) cached: wall time of load_training_data(store) + train_aam(data, TrainConfig(epochs=N)) (the
-    other TrainConfig fields are the defaults `make demo` trains with), the epoch loop's seconds
-    per epoch (it includes the per-epoch validation), and the optimiser steps.
-(b) encoder in the loop: one epoch of the same training as a pixel-level method must run it:
-    every clip a step consumes is decoded from its video (decord) and encoded by the frozen
-    encoder (the store's provenance `encoder_source`; --checkpoint overrides) before the same
-    adapter step. One epoch's clips are drawn with train_aam's own rules (seeded):
-      ar      steps x batch AR training clips (LC + AR loss; drawn with replacement, as train_aam does)
-      static  steps x 2 x min(V, batch // 4) static clips (NT-Xent pairs; one frame repeated)
-      tad     every clip of the <= 16 TAD training videos each step's TAD loss takes
-      ad      every clip of the <= 16 AD training videos each step's AD loss takes
-      val     <= 5 clips of each AR validation video (the per-epoch model selection)
-    Only --clips of them (split across the kinds in proportion) are decoded and encoded; the cost
-    per clip of each kind is extrapolated linearly to the epoch's count of that kind. The adapter
-    step itself costs what the cached epoch costs (same steps, same tensor shapes), so
+(a) cached: wall time of load_training_data(store) + the library's train_aam(data, TrainConfig(epochs=N))
+    (the other fields are the defaults `make demo` trains with). Per epoch: the loop's seconds / N
+    for a trained adapter; for the closed-form default (keep, no loop) the fit's seconds, its one pass.
+(b) encoder in the loop: the same epoch as a pixel-level method must run it, every clip it reads
+    decoded from its video (decord) and encoded by the frozen encoder (the store's provenance
+    `encoder_source`; --checkpoint overrides). What an epoch reads is observed, not re-derived:
+    one run of train_aam (1 epoch) with its adapter, keep fit and diagnostics wrapped logs each
+    clip handed to the adapter (matched to its cached clip by content; the diagnostics' left out)
+    or to the keep fit, by how a loader gets it:
+      clips   one sampled clip of a video (AR batches, validation clips, a privacy pair's moving clip)
+      videos  every clip of a video (TAD / AD sequences; every task video the keep fit reads)
+      static  one frame repeated (the privacy pairs' static clips; the keep fit's static clips)
+    Only --clips of them (split across the modes in proportion) are decoded and encoded; the cost
+    per clip of each mode is extrapolated linearly to the epoch's count, so
         encoder-in-the-loop epoch = extrapolated (decode + encode) + cached epoch.
-    The subset's features also go through one real adapter step (subset_adapter_step_s), to show
-    the loop end to end. This is a lower bound for a pixel-level method: a frozen forward pass
-    only, no augmentation, no backward pass through the encoder.
+    The subset's features also go through train_aam itself (subset_adapter_step_s), to show the
+    loop end to end. This is a lower bound for a pixel-level method: a frozen forward pass only,
+    no augmentation, no backward pass through the encoder.
 ratio = encoder-in-the-loop epoch / cached epoch (the paper reports ~34x: 185 min vs 5.4 min).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -42,20 +42,19 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import splavu_core.aam.train as lib
+from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
+from splavu_core.extract import decode_video
+from splavu_core.datasets import dataset_manifest, registered
+from splavu_core.sampling import ClipSampling
+from splavu_core.store import FeatureStore
+from splavu_core.video import DecordVideo
 
-from splavu_core.aam.train import TrainConfig, load_training_data, train_aam  # noqa: E402
-from splavu_core.extract import decode_video  # noqa: E402
-from splavu_core.datasets import dataset_manifest, registered  # noqa: E402
-from splavu_core.sampling import ClipSampling  # noqa: E402
-from splavu_core.store import FeatureStore  # noqa: E402
-from splavu_core.video import DecordVideo  # noqa: E402
-
-KINDS = ("ar", "static", "tad", "ad", "val")
+MODES = ("clips", "videos", "static")  # how a pixel-level loader gets each read: one clip, a whole video, one frame
 PAPER = {"cached_min": 5.4, "encoder_in_loop_min": 185.0, "ratio": round(185.0 / 5.4, 1)}
 
 
-# ---------------------------------------------------------------- which clips one epoch consumes
+# ---------------------------------------------------------------- which clips one epoch reads, observed
 
 def static_videos(store: FeatureStore, datasets: list[str], K: int) -> list[tuple[str, str, list[int]]]:
     """(dataset, video_id, frame indices of its K static clips), in the row order of TrainingData.static
@@ -72,53 +71,137 @@ def static_videos(store: FeatureStore, datasets: list[str], K: int) -> list[tupl
     return out
 
 
-def epoch_plan(data, cfg: TrainConfig, seed: int) -> dict:
-    """The clips one epoch of train_aam consumes, drawn with its rules. Entries:
-    ar/val: (video, clip position); static: (static video, k1, k2) pairs; tad/ad: video indices."""
-    gen = torch.Generator().manual_seed(seed)
-    ar_rows = [(i, c) for i, v in enumerate(data.ar_train) for c in range(len(v.feats))]
-    V, K = data.static.shape[:2]
-    steps = max(1, len(ar_rows) // cfg.batch) if ar_rows else max(1, V // max(2, cfg.batch // 4))
-    plan = {k: [] for k in KINDS}
-    for _ in range(steps):
-        if ar_rows:
-            plan["ar"] += [ar_rows[j] for j in torch.randint(len(ar_rows), (cfg.batch,), generator=gen).tolist()]
-        else:  # LC on random static clips (train_aam's pool) when there is no AR data
-            plan["static_lc"] = plan.get("static_lc", 0) + cfg.batch
-        nv = min(V, max(2, cfg.batch // 4))
-        for v in torch.randperm(V, generator=gen)[:nv].tolist():
-            k = torch.randperm(K, generator=gen)[:2].tolist()
-            plan["static"].append((v, k[0], k[1]))
-        if "tad" in cfg.tasks:
-            plan["tad"] += torch.randperm(len(data.tad_train), generator=gen)[:16].tolist()
-        if "ad" in cfg.tasks:
-            plan["ad"] += torch.randperm(len(data.ad_train), generator=gen)[:16].tolist()
-    if "ar" in cfg.tasks:
-        for i, v in enumerate(data.ar_val):
-            plan["val"] += [(i, int(c)) for c in np.unique(np.linspace(0, len(v.feats) - 1, 5).round().astype(int))]
-    counts = {"ar": len(plan["ar"]) + plan.pop("static_lc", 0), "static": 2 * len(plan["static"]),
-              "tad": sum(len(data.tad_train[j].feats) for j in plan["tad"]),
-              "ad": sum(len(data.ad_train[j].feats) for j in plan["ad"]), "val": len(plan["val"])}
-    return {"steps": steps, "plan": plan, "counts": counts}
+def sources(data) -> dict[str, list]:
+    return {"ar": data.ar_train, "val": data.ar_val, "tad": data.tad_train, "ad": data.ad_train}
 
 
-def subset_of(plan: dict, counts: dict, data, budget: int) -> tuple[dict, dict]:
-    """The first entries of each kind, about budget * (kind's share of the epoch) clips each."""
+class ReadLog:
+    """The cached clips train_aam reads, observed on the library's own run instead of re-derived from its rules (a
+    copy of them here drifted once): each input row of the adapter's forward passes (not the diagnostics'), matched
+    by content to the clip it is; apart (fit_reads), the videos and static clips keep.fit_keep gets.
+    Entries: ("clips", src, video, pos), ("videos", src, video), ("static", static video, k)."""
+
+    def __init__(self, data):
+        self.data, self.on, self.reads, self.fit_reads = data, True, [], []
+        self.where = {}
+        for src, videos in sources(data).items():  # first source wins: a clip read for two roles is one decode
+            for i, v in enumerate(videos):
+                for pos, row in enumerate(np.asarray(v.feats, np.float32)):
+                    self.where.setdefault(row.tobytes(), (src, i, pos))
+        for s, clips in enumerate(np.asarray(data.static, np.float32)):
+            for k, row in enumerate(clips):
+                self.where.setdefault(row.tobytes(), ("static", s, k))
+        for s, clips in enumerate(data.static_actions or []):  # a static video's moving clips (privacy pairs)
+            for pos, row in enumerate(np.asarray(clips, np.float32)):
+                self.where.setdefault(row.tobytes(), ("moving", s, pos))
+
+    def forward_input(self, h):
+        x = h.detach().float().numpy()
+        if x.ndim == 3:  # (B, T, D) padded videos: each one whole
+            for rows in x:
+                src, i, _ = self.where[rows[0].tobytes()]
+                self.reads.append(("videos", src, i))
+            return
+        hits = [self.where[r.tobytes()] for r in x]
+        src, i, _ = hits[0]
+        if src in sources(self.data) and len(hits) > 1 and all(h_[:2] == (src, i) for h_ in hits) \
+                and [h_[2] for h_ in hits] == list(range(len(sources(self.data)[src][i].feats))):
+            self.reads.append(("videos", src, i))  # one video's clips in order
+            return
+        self.reads += [("static", s, k) if src_ == "static" else ("clips", src_, s, k) for src_, s, k in hits]
+
+    def keep_fit_input(self, task_videos, static):
+        ids = {v.video_id: (src, i) for src, vs in sources(self.data).items() if src != "val" for i, v in enumerate(vs)}
+        self.fit_reads += [("videos", *ids[v.video_id]) for vs in task_videos.values() for v in vs]
+        self.fit_reads += [("static", s, k) for s in range(static.shape[0]) for k in range(static.shape[1])]
+
+    def clips(self, entry) -> int:
+        return len(sources(self.data)[entry[1]][entry[2]].feats) if entry[0] == "videos" else 1
+
+
+@contextlib.contextmanager
+def observed(reads: ReadLog):
+    """train_aam with its adapter, diagnostics and keep fit wrapped to log what they read; nothing else changes."""
+    from splavu_core.aam import keep as keep_mod
+
+    class Adapter(lib.AnonymizingAdapter):
+        def forward(self, h, mask=None):
+            if reads.on:
+                reads.forward_input(h)
+            return super().forward(h, mask)
+
+    def diagnose(*a, **kw):
+        reads.on = False
+        try:
+            return real["_diagnose"](*a, **kw)
+        finally:
+            reads.on = True
+
+    def fit_keep(task_videos, static, *a, **kw):
+        reads.keep_fit_input(task_videos, static)
+        return real["fit_keep"](task_videos, static, *a, **kw)
+
+    real = {"AnonymizingAdapter": lib.AnonymizingAdapter, "_diagnose": lib._diagnose, "fit_keep": keep_mod.fit_keep}
+    lib.AnonymizingAdapter, lib._diagnose, keep_mod.fit_keep = Adapter, diagnose, fit_keep
+    try:
+        yield reads
+    finally:
+        lib.AnonymizingAdapter, lib._diagnose, keep_mod.fit_keep = (real["AnonymizingAdapter"], real["_diagnose"],
+                                                                    real["fit_keep"])
+
+
+@contextlib.contextmanager
+def timed_fits():
+    """Seconds of train_aam's closed-form fits (keep, erasure): a closed-form adapter's whole work, which its summary's
+    loop seconds do not include."""
+    seconds, real = {}, {"keep": lib._fit_keep_into, "erasure": lib._fit_erasure_into}
+
+    def timer(name):
+        def run(*a, **kw):
+            t = time.perf_counter()
+            try:
+                return real[name](*a, **kw)
+            finally:
+                seconds[name] = time.perf_counter() - t
+        return run
+
+    lib._fit_keep_into, lib._fit_erasure_into = timer("keep"), timer("erasure")
+    try:
+        yield seconds
+    finally:
+        lib._fit_keep_into, lib._fit_erasure_into = real["keep"], real["erasure"]
+
+
+def epoch_reads(data, cfg: TrainConfig) -> ReadLog:
+    """What one epoch of training reads (the fit, for a closed-form adapter): one observed run of train_aam, with
+    epochs 1, no head pre-training (it reads no adapter output) and short diagnostics (excluded anyway)."""
+    with observed(ReadLog(data)) as reads:
+        _, _, summary = train_aam(data, dataclasses.replace(cfg, epochs=1, pretrain_head_epochs=0, diagnose_steps=1),
+                                  log=None)
+    if not summary["history"]:  # closed form: the fit is the one pass (a trained adapter fits its keep stage once)
+        reads.reads = reads.fit_reads
+    if not reads.reads:
+        raise SystemExit("train_aam read nothing this benchmark observes (a closed-form adapter without a keep stage?)")
+    return reads
+
+
+def subset_of(reads: ReadLog, budget: int) -> tuple[dict, dict, dict]:
+    """The first reads of each mode, about budget * (mode's share of the epoch's clips) clips each (whole videos:
+    distinct ones, in order). Returns the subset, its clip counts and the epoch's, per mode."""
+    counts = {m: sum(reads.clips(e) for e in reads.reads if e[0] == m) for m in MODES}
     total = sum(counts.values())
-    want = {k: max(1, round(budget * n / total)) if n else 0 for k, n in counts.items()}
-    sub = {"ar": plan["ar"][:want["ar"]], "val": plan["val"][:want["val"]],
-           "static": plan["static"][:max(2, math.ceil(want["static"] / 2))] if want["static"] else []}
-    for k, videos in (("tad", data.tad_train), ("ad", data.ad_train)):
-        sub[k], n = [], 0
-        for j in dict.fromkeys(plan[k]):  # distinct videos, in the order the epoch uses them
-            if n >= want[k]:
-                break
-            sub[k].append(j)
-            n += len(videos[j].feats)
-    n_sub = {"ar": len(sub["ar"]), "val": len(sub["val"]), "static": 2 * len(sub["static"]),
-             "tad": sum(len(data.tad_train[j].feats) for j in sub["tad"]),
-             "ad": sum(len(data.ad_train[j].feats) for j in sub["ad"])}
-    return sub, n_sub
+    sub, n_sub = {m: [] for m in MODES}, dict.fromkeys(MODES, 0)
+    for e in dict.fromkeys(reads.reads):
+        want = max(1, round(budget * counts[e[0]] / total))
+        if e[0] != "static" and n_sub[e[0]] < want:
+            sub[e[0]].append(e)
+            n_sub[e[0]] += reads.clips(e)
+    if counts["static"]:  # two static clips of each of the first videos read (>= 2: the subset's step pairs them)
+        want = max(2, math.ceil(budget * counts["static"] / total / 2))
+        first = list(dict.fromkeys(e[1] for e in reads.reads if e[0] == "static"))[:want]
+        sub["static"] = [("static", s, k) for s in first for k in (0, 1)]
+        n_sub["static"] = len(sub["static"])
+    return sub, n_sub, counts
 
 
 # ---------------------------------------------------------------- decode + encode
@@ -143,23 +226,22 @@ def decode_one_clip(path: Path, pos: int, sampling: ClipSampling) -> np.ndarray:
     return v.frames(sampling.clips(v.info.n_frames, v.info.fps)[pos].frames)
 
 
-def decode_kind(kind: str, entries, data, videos: Videos, sampling: ClipSampling, static_vids) -> list[np.ndarray]:
-    """Decoded clips (T, H, W, 3) uint8 of one kind's subset, in entry order."""
-    out = []
-    if kind in ("ar", "val"):
-        src = data.ar_train if kind == "ar" else data.ar_val
-        for i, pos in entries:
-            v = src[i]
-            out.append(decode_one_clip(videos.path(v.meta["dataset"], v.video_id), pos, sampling))
-    elif kind == "static":  # the pair's two frames from one open video, each repeated clip_len times
-        for s, k1, k2 in entries:
-            d, vid, frames = static_vids[s]
-            f = DecordVideo(videos.path(d, vid)).frames([frames[k1], frames[k2]])
-            out += [np.repeat(f[0][None], sampling.clip_len, 0), np.repeat(f[1][None], sampling.clip_len, 0)]
-    else:  # tad / ad: the whole video's clip sequence, decoded as extraction does
-        src = data.tad_train if kind == "tad" else data.ad_train
-        for j in entries:
-            v = src[j]
+def decode_mode(mode: str, entries, data, videos: Videos, sampling: ClipSampling, static_vids) -> list[np.ndarray]:
+    """Decoded clips (T, H, W, 3) uint8 of one mode's subset, in entry order."""
+    out, src = [], sources(data)
+    for e in entries:
+        if mode == "clips":
+            if e[1] == "moving":
+                d, vid, _ = static_vids[e[2]]
+            else:
+                d, vid = src[e[1]][e[2]].meta["dataset"], src[e[1]][e[2]].video_id
+            out.append(decode_one_clip(videos.path(d, vid), e[3], sampling))
+        elif mode == "static":  # one frame, repeated clip_len times
+            d, vid, frames = static_vids[e[1]]
+            f = DecordVideo(videos.path(d, vid)).frames([frames[e[2]]])
+            out.append(np.repeat(f[0][None], sampling.clip_len, 0))
+        else:  # the whole video's clip sequence, decoded as extraction does
+            v = src[e[1]][e[2]]
             d = videos.m[v.meta["dataset"]]
             dv = decode_video(videos.row(v.meta["dataset"], v.video_id), d.root, sampling, want_static=False)
             assert dv.error is None, dv.error
@@ -177,24 +259,24 @@ def encode(enc, clips: list[np.ndarray], batch: int) -> np.ndarray:
 
 def adapter_step(data, cfg: TrainConfig, sub: dict, feats: dict, static_vids) -> float:
     """train_aam itself (the library's fit, and one epoch of a trained adapter) on the subset's freshly encoded
-    features: a copy of its step here drifted from the library once (it ignored the keep stage's width)."""
-    def with_feats(src, idx, f):
-        out, at = [], 0
-        for j in idx:
-            n = len(src[j].feats)
-            out.append(dataclasses.replace(src[j], feats=f[at:at + n]))
-            at += n
-        return out
-
-    def one(src, entries, f):  # each sampled clip as a one-clip video (what an AR step reads of it)
-        return [dataclasses.replace(src[i], feats=f[j:j + 1], clip_start_s=src[i].clip_start_s[pos:pos + 1],
-                                    clip_end_s=src[i].clip_end_s[pos:pos + 1]) for j, (i, pos) in enumerate(entries)]
+    features: each sampled clip a one-clip video of its source, each whole video with its new clips, the static
+    clips paired."""
+    src, parts = sources(data), {k: [] for k in ("ar", "val", "tad", "ad")}
+    at = 0
+    for e in sub["videos"]:
+        v = src[e[1]][e[2]]
+        parts[e[1]].append(dataclasses.replace(v, feats=feats["videos"][at:at + len(v.feats)]))
+        at += len(v.feats)
+    for j, e in enumerate(sub["clips"]):
+        if e[1] == "moving":  # a privacy pair's moving clip: not training data of the subset
+            continue
+        v, pos = src[e[1]][e[2]], e[3]
+        parts[e[1]].append(dataclasses.replace(v, feats=feats["clips"][j:j + 1], clip_start_s=v.clip_start_s[pos:pos + 1],
+                                               clip_end_s=v.clip_end_s[pos:pos + 1]))
+    static = feats["static"].reshape(-1, 2, data.dim) if sub["static"] else np.zeros((0, 2, data.dim), np.float32)
     sub_data = dataclasses.replace(
-        data, ar_train=one(data.ar_train, sub["ar"], feats.get("ar")), ar_val=one(data.ar_val, sub["val"], feats.get("val")),
-        tad_train=with_feats(data.tad_train, sub["tad"], feats.get("tad")),
-        ad_train=with_feats(data.ad_train, sub["ad"], feats.get("ad")),
-        static=feats["static"].reshape(-1, 2, data.dim), static_ids=[static_vids[v][1] for v, _, _ in sub["static"]],
-        static_actions=None, attributes=None)
+        data, ar_train=parts["ar"], ar_val=parts["val"], tad_train=parts["tad"], ad_train=parts["ad"], static=static,
+        static_ids=[static_vids[e[1]][1] for e in sub["static"][::2]], static_actions=None, attributes=None)
     # the tasks the subset can train (a few sampled AD videos may hold one label only)
     usable = {"ar": len({v.meta["action"] for v in sub_data.ar_train}) >= 2,
               "tad": any(v.meta.get("segments") for v in sub_data.tad_train),
@@ -220,13 +302,15 @@ def main(argv=None):
     ap.add_argument("--device", default="auto", help="encoder device (the AAM always trains on the CPU)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--config", default="{}", help='other TrainConfig fields as JSON, e.g. \'{"adapter": {"keep": 14, '
+                    '"layers": 1}}\' (a trained block on the keep stage)')
     ap.add_argument("--verbose", action="store_true", help="training log on stderr")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     store = FeatureStore(args.store)
     prov = store.provenance()
-    cfg = TrainConfig(epochs=args.epochs, batch=args.batch, seed=args.seed)
+    cfg = TrainConfig(**{"epochs": args.epochs, "batch": args.batch, "seed": args.seed, **json.loads(args.config)})
     log = (lambda s: print(s, file=sys.stderr)) if args.verbose else None
 
     # (a) cached latents, end to end (the encoder is not loaded yet)
@@ -234,12 +318,13 @@ def main(argv=None):
     data = load_training_data(store)
     load_s = time.perf_counter() - t0
     t = time.perf_counter()
-    _, _, summary = train_aam(data, cfg, log=log)
+    with timed_fits() as fit_s:
+        _, _, summary = train_aam(data, cfg, log=log)
     train_s = time.perf_counter() - t
-    loop_s = summary["seconds"]  # the epoch loop only (after the TAD / AD head pre-training)
-    cached_epoch_s = loop_s / cfg.epochs if summary["history"] else loop_s
-    ep = epoch_plan(data, cfg, args.seed)
-    steps, counts = ep["steps"], ep["counts"]
+    closed_form = not summary["history"]
+    loop_s = summary["seconds"]  # the epoch loop only (after the fits and the TAD / AD head pre-training)
+    cached_epoch_s = sum(fit_s.values()) if closed_form else loop_s / cfg.epochs  # closed form: the fit is its pass
+    reads = epoch_reads(data, cfg)
 
     # (b) encoder in the loop, on a subset, extrapolated per kind of clip
     checkpoint = args.checkpoint or prov["encoder_source"]
@@ -256,16 +341,16 @@ def main(argv=None):
                                 data.static.shape[1])
     assert len(static_vids) == len(data.static), f"{len(static_vids)} static videos indexed, {len(data.static)} loaded"
     videos = Videos(store, sorted(set(datasets) | {d for d, _, _ in static_vids}))
-    sub, n_sub = subset_of(ep["plan"], counts, data, args.clips)
+    sub, n_sub, counts = subset_of(reads, args.clips)
 
-    first = decode_kind("static", sub["static"][:1], data, videos, sampling, static_vids)
-    enc.embed(np.stack(first))  # warm-up: the first call allocates
+    mode = next(m for m in MODES if sub[m])
+    enc.embed(np.stack(decode_mode(mode, sub[mode][:1], data, videos, sampling, static_vids)[:1]))  # warm-up: allocates
     per_kind, feats = {}, {}
-    for kind in KINDS:
+    for kind in MODES:
         if not n_sub[kind]:
             continue
         t = time.perf_counter()
-        clips = decode_kind(kind, sub[kind], data, videos, sampling, static_vids)
+        clips = decode_mode(kind, sub[kind], data, videos, sampling, static_vids)
         dec = time.perf_counter() - t
         t = time.perf_counter()
         feats[kind] = encode(enc, clips, args.encoder_batch)
@@ -284,6 +369,10 @@ def main(argv=None):
     loop_epoch_s = dec_epoch + enc_epoch + cached_epoch_s
     overlapped_s = max(dec_epoch, enc_epoch) + cached_epoch_s
 
+    by_source = {}
+    for e in reads.reads:
+        src = "static" if e[0] == "static" else e[1]
+        by_source[src] = by_source.get(src, 0) + reads.clips(e)
     result = {
         "benchmark": "train_aam", "store": str(store.root), "encoder": checkpoint, "family": enc.family, "dim": data.dim,
         "encoder_fingerprint_matches_store": fp_ok, "encoder_device": str(enc.device),
@@ -293,23 +382,25 @@ def main(argv=None):
                  "ar_val_videos": len(data.ar_val), "tad_train_videos": len(data.tad_train),
                  "ad_train_videos": len(data.ad_train), "static_videos": int(data.static.shape[0]),
                  "static_per_video": int(data.static.shape[1]), "classes": len(data.classes)},
-        # the default (keep) adapter is closed form: no epoch loop, so the per-epoch figures describe trained adapters
-        "adapter_is_closed_form": not summary["history"],
+        # the default (keep) adapter is closed form: no epoch loop; its "epoch" is the fit's one pass over what it reads
+        "adapter_is_closed_form": closed_form,
         "train_config": {"epochs": cfg.epochs, "batch": cfg.batch, "tasks": list(cfg.tasks),
                          "pretrain_head_epochs": cfg.pretrain_head_epochs, "adapter": cfg.adapter},
         "cached": {"seconds_end_to_end": round(load_s + train_s, 2), "load_latents_s": round(load_s, 2),
-                   "train_aam_s": round(train_s, 2), "pretrain_heads_s": round(train_s - loop_s, 2),
-                   "epoch_loop_s": round(loop_s, 2), "seconds_per_epoch": round(cached_epoch_s, 4),
-                   "steps_per_epoch": steps, "steps": steps * cfg.epochs, "selected_epoch": summary["selected_epoch"],
+                   "train_aam_s": round(train_s, 2), "fits_s": round(sum(fit_s.values()), 4),
+                   "outside_loop_s": round(train_s - loop_s, 2),  # fits, head pre-training, diagnostics
+                   "epoch_loop_s": round(loop_s, 2), "epochs_run": len(summary["history"]),
+                   "seconds_per_epoch": round(cached_epoch_s, 4), "selected_epoch": summary["selected_epoch"],
                    "final_val_ar_top1": summary["final"].get("val_ar_top1")},
         "encoder_in_loop": {
             "clips_per_epoch": {**counts, "total": sum(counts.values())},
+            "clips_per_epoch_by_source": by_source,
             "extrapolated_from_clips": sum(n_sub.values()), "per_kind": per_kind,
             "epoch_decode_s": round(dec_epoch, 2), "epoch_encode_s": round(enc_epoch, 2),
             "adapter_steps_s": round(cached_epoch_s, 4), "subset_adapter_step_s": round(step_s, 4),
             "seconds_per_epoch": round(loop_epoch_s, 2),
             "seconds_per_epoch_if_decode_fully_overlapped": round(overlapped_s, 2),
-            "seconds_for_all_epochs": round(loop_epoch_s * cfg.epochs, 1),
+            "seconds_for_all_epochs": round(loop_epoch_s * (1 if closed_form else cfg.epochs), 1),
         },
         "ratio_encoder_in_loop_vs_cached_epoch": round(loop_epoch_s / cached_epoch_s, 1),
         "ratio_if_decode_fully_overlapped": round(overlapped_s / cached_epoch_s, 1),

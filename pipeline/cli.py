@@ -117,8 +117,11 @@ def _train_aam(store, config: dict) -> str:
     r = _runner()
     res = r.train_aam(r.instance(), store, config)
     md = {k: v.value for k, v in res.asset_materializations_for_node("aam_model")[0].metadata.items()}
-    print(f"  AAM {md['version']}: {md['parameters']} parameters, selected epoch "
-          f"{md['selected_epoch']}, {md['train_seconds']:.0f} s (encoder never loaded)")
+    if "selected_epoch" in md:  # a trained adapter
+        print(f"  AAM {md['version']}: {md['parameters']} parameters, selected epoch "
+              f"{md['selected_epoch']}, {md['train_seconds']:.0f} s (encoder never loaded)")
+    else:  # closed form: what was fitted, not "0 parameters, selected epoch 0"
+        print(f"  AAM {md['version']}: {md['fit']}, {md['fit_seconds']:.0f} s (encoder never loaded)")
     if "pair_matching_chance" in md:
         print(f"  {pair_matching_line(md)}")
     return md["version"]

@@ -1,5 +1,6 @@
 """Training the AAM from cached latents: objectives, refusals, determinism, the Dagster asset."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -148,7 +149,7 @@ print(json.dumps({"version": md["version"].value, "parameters": md["parameters"]
                   "pm": {k: v.value for k, v in md.items() if k.startswith("pair_matching_")},
                   "pm_table": [r.data for r in md["pair_matching"].records], "path_type": type(md["path"]).__name__,
                   "floats": sorted(k for k, v in md.items() if type(v).__name__ == "FloatMetadataValue"),
-                  "png": md["loss_curves"].value[:40],
+                  "png": md["loss_curves"].value[:40], "fit": md["fit"].value,
                   "transformers_imported": "transformers" in sys.modules}))
 """
 
@@ -173,11 +174,44 @@ def test_asset_trains_from_cached_latents_only(tiny_store, tmp_path):
     assert {"ar_loss", "lc_loss", "pair_matching_static_static_after", "train_seconds"} <= set(md["floats"])
     assert [r["pairs"] for r in md["pm_table"]] == ["static↔static", "static↔action"] and md["path_type"] == "PathMetadataValue"
     assert md["png"].startswith("![loss curves](data:image/png;base64,")
+    assert re.fullmatch(r"keep fit, k = 14 of \d+ directions, then \d+ parameters trained, selected epoch [12]", md["fit"])
     d = copy / "aam" / md["version"]
     assert (d / "adapter.safetensors").is_file() and (d / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"
     adapter, cfg, meta = load_adapter(d)
     assert meta["version"] == md["version"] and meta["encoder_fingerprint"] == json.loads((copy / "store.json").read_text())["encoder_fingerprint"]
     assert sum(p.numel() for p in adapter.parameters()) == md["parameters"]
+
+
+def test_closed_form_asset_shows_its_fit_not_empty_losses(tiny_store, tmp_path):
+    """The default (closed-form keep) adapter has no epochs: its metadata says what was fitted (width, the ranked
+    utility ratios, fresh-critic pair matching before/after) and carries no loss table, loss plot or epoch."""
+    import shutil
+
+    import dagster as dg
+
+    from assets.aam import aam_model
+    from assets.resources import StoreResource
+
+    copy = tmp_path / "store"
+    shutil.copytree(tiny_store, copy)
+    res = dg.materialize([aam_model], resources={"store": StoreResource(root=str(copy))},
+                         run_config={"ops": {"aam_model": {"config": {"diagnose_steps": 50}}}})
+    md = res.asset_materializations_for_node("aam_model")[0].metadata
+    dim = md["input_width"].value
+    assert md["fit"].value == f"closed-form keep fit, k = 14 of {dim} directions, no training loop"
+    assert not {"final_losses", "loss_curves", "loss_curves_path", "selected_epoch", "parameters", "train_seconds",
+                "lc_loss"} & set(md)
+    assert isinstance(md["fit_seconds"], dg.FloatMetadataValue) and md["fit_seconds"].value > 0
+    assert md["published_width"].value == 14 and md["keep_tasks"].value == "ar, tad, ad"
+    spectrum = [r.data for r in md["keep_spectrum"].records]
+    assert [r["kept"] for r in spectrum] == [True] * 14 + [False] * 15  # k kept, then the k + 1 largest dropped
+    ratios = [r["utility_ratio"] for r in spectrum]
+    assert ratios == sorted(ratios, reverse=True)
+    assert md["keep_smallest_kept_ratio"].value == ratios[13] and md["keep_largest_dropped_ratio"].value == ratios[14]
+    pm = {r.data["pairs"]: r.data for r in md["pair_matching"].records}
+    assert set(pm) == {"static↔static", "static↔action"}
+    assert md["pair_matching_static_static_raw"].value > md["pair_matching_chance"].value  # measured, not a stub
+    assert not (copy / "aam" / md["version"].value / "loss_curves.png").exists()
 
 
 def test_default_adapter_fit_reads_no_static_clip_beyond_the_diagnostics(tiny_store):
