@@ -83,6 +83,9 @@ def build_store(root: Path, n: int, dim: int, seed: int) -> FeatureStore:
     return store
 
 
+RECENTRE_CLASSES = 15  # the demo world's actions: the recentring stage's centroids (training sets it from the data)
+
+
 def adapter_config(dim: int, kind: str) -> AAMConfig:
     """'default': what `aam_model` trains by default (assets.aam.AAMTrainingConfig); 'attention': the
     sub-token attention adapter (3 layers, 8 heads, 8 sub-tokens of width 64), the earlier default."""
@@ -95,6 +98,8 @@ def adapter_config(dim: int, kind: str) -> AAMConfig:
     fields.setdefault("erase_rank", int(round(c.erase_fraction * dim)))
     if kind == "previous":
         fields = {**PREVIOUS_DEFAULT_ADAPTER, "erase_rank": dim // 2}
+    if fields.get("recentre"):
+        fields["classes"] = RECENTRE_CLASSES
     return AAMConfig(dim=dim, **fields)
 
 
@@ -110,6 +115,10 @@ def make_adapter(store: FeatureStore, dim: int, seed: int, fingerprint: str = FP
             adapter.erase.read.normal_(0, 0.05), adapter.erase.write.normal_(0, 0.05)
         if adapter.keep is not None:  # a random orthonormal k-dim basis
             adapter.keep.proj.copy_(torch.linalg.qr(torch.randn(dim, cfg.keep))[0])
+        if adapter.recentre is not None:  # random centroids, unit precision, a gate some videos pass
+            adapter.recentre.centroids.normal_(0, 1)
+            adapter.recentre.precision.copy_(torch.eye(cfg.keep))
+            adapter.recentre.gate.fill_(float(cfg.keep))
     tmp = store.root / "aam" / "tmp-bench"
     version = save_adapter(adapter, cfg, tmp, fingerprint)
     final = store.root / "aam" / version

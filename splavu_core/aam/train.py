@@ -263,7 +263,7 @@ def fit_closed_form(data: TrainingData, tasks, k: int, cfg: TrainConfig):
     from .keep import apply_keep, apply_recentre, fit_recentre
 
     fit = fit_utility_keep(data, tasks, k, cfg)
-    if not (cfg.adapter.get("recentre") and "ar" in tasks and len(data.classes) >= 2):
+    if not (cfg.adapter.get("recentre") and "ar" in tasks and len({v.meta["action"] for v in data.ar_train}) >= 2):
         return (lambda f: apply_keep(fit, f)), False
     means = np.stack([apply_keep(fit, v.feats).mean(0) for v in data.ar_train])
     rfit = fit_recentre(means, [v.meta["action"] for v in data.ar_train], cfg.recentre_quantile)
@@ -347,8 +347,9 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
     adapter_kw = dict(cfg.adapter)
     adapter_kw.setdefault("erase_rank", int(round(cfg.erase_fraction * data.dim)))
     if adapter_kw.get("recentre"):  # the centroids are the trained actions': without task 'ar' there are none
-        if "ar" in cfg.tasks and len(data.classes) >= 2:
-            adapter_kw["classes"] = len(data.classes)               # derived from the data, like dim
+        n_actions = len({v.meta["action"] for v in data.ar_train})   # the centroids fit_recentre will find
+        if "ar" in cfg.tasks and n_actions >= 2:
+            adapter_kw["classes"] = n_actions                       # derived from the data, like dim
         else:
             adapter_kw["recentre"] = False
             if log:
