@@ -174,7 +174,7 @@ def test_asset_trains_from_cached_latents_only(tiny_store, tmp_path):
     assert {"ar_loss", "lc_loss", "pair_matching_static_static_after", "train_seconds"} <= set(md["floats"])
     assert [r["pairs"] for r in md["pm_table"]] == ["static↔static", "static↔action"] and md["path_type"] == "PathMetadataValue"
     assert md["png"].startswith("![loss curves](data:image/png;base64,")
-    assert re.fullmatch(r"keep fit, k = 8 of \d+ directions, each video recentred on its expected action among \d+, "
+    assert re.fullmatch(r"keep fit, k = 14 of \d+ directions, each video recentred on its expected class among \d+, "
                         r"then \d+ parameters trained, selected epoch [12]", md["fit"]), md["fit"]
     d = copy / "aam" / md["version"]
     assert (d / "adapter.safetensors").is_file() and (d / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"
@@ -199,17 +199,17 @@ def test_closed_form_asset_shows_its_fit_not_empty_losses(tiny_store, tmp_path):
                          run_config={"ops": {"aam_model": {"config": {"diagnose_steps": 50}}}})
     md = res.asset_materializations_for_node("aam_model")[0].metadata
     dim = md["input_width"].value
-    assert re.fullmatch(rf"closed-form keep fit, k = 8 of {dim} directions, each video recentred on its expected "
-                        r"action among \d+, no training loop", md["fit"].value), md["fit"].value
+    assert re.fullmatch(rf"closed-form keep fit, k = 14 of {dim} directions, each video recentred on its expected "
+                        r"class among \d+, no training loop", md["fit"].value), md["fit"].value
     assert not {"final_losses", "loss_curves", "loss_curves_path", "selected_epoch", "parameters", "train_seconds",
                 "lc_loss"} & set(md)
     assert isinstance(md["fit_seconds"], dg.FloatMetadataValue) and md["fit_seconds"].value > 0
-    assert md["published_width"].value == 8 and md["keep_tasks"].value == "ar, tad, ad"
+    assert md["published_width"].value == 14 and md["keep_tasks"].value == "ar, tad, ad"
     spectrum = [r.data for r in md["keep_spectrum"].records]
-    assert [r["kept"] for r in spectrum] == [True] * 8 + [False] * 9  # k kept, then the k + 1 largest dropped
+    assert [r["kept"] for r in spectrum] == [True] * 14 + [False] * 15  # k kept, then the k + 1 largest dropped
     ratios = [r["utility_ratio"] for r in spectrum]
     assert ratios == sorted(ratios, reverse=True)
-    assert md["keep_smallest_kept_ratio"].value == ratios[7] and md["keep_largest_dropped_ratio"].value == ratios[8]
+    assert md["keep_smallest_kept_ratio"].value == ratios[13] and md["keep_largest_dropped_ratio"].value == ratios[14]
     pm = {r.data["pairs"]: r.data for r in md["pair_matching"].records}
     assert set(pm) == {"static↔static", "static↔action"}
     assert md["pair_matching_static_static_raw"].value > md["pair_matching_chance"].value  # measured, not a stub

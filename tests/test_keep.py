@@ -134,7 +134,16 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store):
     with torch.no_grad():
         lone = adapter(torch.from_numpy(videos[3].feats)).numpy()
     assert len(videos[3].feats) > 1 and not np.allclose(lone, alone, atol=1e-3)
-    # without task 'ar' there are no centroids: the adapter says so and publishes keep alone
+    # AD trained too: its training videos' labels (normal / anomalous) are two more centroids; without task 'ar'
+    # there are none: the adapter says so and publishes keep alone
+    from splavu_core.aam.train import recentre_classes
+
+    full = load_training_data(fs)
+    _, labels = recentre_classes(full, ("ar", "ad"))
+    assert {"anomaly=0", "anomaly=1"} <= set(labels) and set(labels) - {"anomaly=0", "anomaly=1"} == set(data.classes)
+    _, acfg_ad, _ = train_aam(full, dataclasses.replace(cfg, tasks=("ar", "ad")), log=None)
+    assert acfg_ad.classes == len(data.classes) + 2 and recentre_classes(full, ("ar",))[1] == \
+        [v.meta["action"] for v in full.ar_train]
     msgs = []
     tad_only = dataclasses.replace(cfg, tasks=("tad",), selection="last")
     _, acfg, _ = train_aam(data, tad_only, log=msgs.append)

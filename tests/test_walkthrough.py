@@ -57,8 +57,8 @@ def test_readme_walkthrough(tiny_bench, tiny_videomae, tmp_path, capsys, monkeyp
     train_line = by_cmd["train"][1].splitlines()[0]
     assert train_line.startswith("training on ar (kitchen_actions); without tad, ad")
     # the closed-form default says what it fitted, not "0 parameters, selected epoch 0"
-    assert re.search(rf"AAM {version}: closed-form keep fit, k = 8 of \d+ directions, each video recentred on its "
-                     r"expected action among \d+, no training loop, \d+ s",
+    assert re.search(rf"AAM {version}: closed-form keep fit, k = 14 of \d+ directions, each video recentred on its "
+                     r"expected class among \d+, no training loop, \d+ s",
                      by_cmd["train"][1])
     assert "not made current" in by_cmd["publish"][1] or "none" in by_cmd["publish"][1]
     evaluate = by_cmd["evaluate"][1]

@@ -141,26 +141,27 @@ def apply_keep(fit: KeepFit, x: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------- recentring: who leaves with the video's mean
-# In the kept space a video's clips share an offset that carries both what the action is and who performs it, and
+# In the kept space a video's clips share an offset that carries both what the video shows and who is in it, and
 # a fresh non-linear attacker reads the second from it. Recentring replaces each video's kept mean with what the
-# utility model expects of it: the mixture of the training actions' centroids, weighted by the video's posterior
-# under a shared-covariance Gaussian class model (LDA on training video means). The within-video deviations
-# (motion, phases: what TAD and AD need) stay. A video far from every training action (a class nobody trained
-# for, judged against the training videos' own distances) is moved proportionally less, so new classes keep
-# most of their own mean. Reads action labels only, never a private attribute.
+# utility model expects of it: the mixture of the training classes' centroids (the AR actions and, when AD is
+# trained, normal / anomalous AD videos: train.recentre_classes), weighted by the video's posterior under a
+# shared-covariance Gaussian class model (LDA on training video means). The within-video deviations (motion,
+# phases: what TAD and AD need) stay. A video far from every training class (a class nobody trained for, judged
+# against the training videos' own distances) is moved proportionally less, so new classes keep most of their own
+# mean. Reads utility labels only, never a private attribute.
 
 @dataclass
 class RecentreFit:
-    centroids: np.ndarray    # (C, k) training actions' mean kept video means
-    precision: np.ndarray    # (k, k) inverse within-action covariance of kept video means (shrunk)
+    centroids: np.ndarray    # (C, k) training classes' mean kept video means
+    precision: np.ndarray    # (k, k) inverse within-class covariance of kept video means (shrunk)
     gate: np.ndarray         # () squared Mahalanobis distance past which a video is moved less (a training quantile)
 
 
 def fit_recentre(means: np.ndarray, labels: Sequence[str], quantile: float = 0.8, shrink: float = 1e-3) -> RecentreFit:
-    """means: (V, k) kept video means of the labelled training videos; labels: (V,) their action."""
+    """means: (V, k) kept video means of the labelled training videos; labels: (V,) their class."""
     labels = np.asarray(labels)
     classes = np.unique(labels)
-    assert len(classes) >= 2, f"recentring needs >= 2 action classes, got {classes.tolist()}"
+    assert len(classes) >= 2, f"recentring needs >= 2 classes, got {classes.tolist()}"
     means = np.asarray(means, np.float64)
     cent = np.stack([means[labels == c].mean(0) for c in classes])                       # (C, k)
     within = means - cent[np.searchsorted(classes, labels)]                               # (V, k)
@@ -173,7 +174,7 @@ def fit_recentre(means: np.ndarray, labels: Sequence[str], quantile: float = 0.8
 
 
 def apply_recentre(fit: RecentreFit, z: np.ndarray) -> np.ndarray:
-    """z: (T, k) the kept clips of ONE video -> (T, k), the video's mean replaced by its expected action centroid."""
+    """z: (T, k) the kept clips of ONE video -> (T, k), the video's mean replaced by its expected class centroid."""
     z = np.asarray(z, np.float32)
     m = z.mean(0)                                                                         # (k,)
     d = m - fit.centroids                                                                 # (C, k)

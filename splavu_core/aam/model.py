@@ -31,12 +31,10 @@ FORMAT1_VALUES = {"erase_rank": 0, "oracle": False, "mixer": "attention", "hidde
 
 
 # The adapter `aam_model` trains unless told otherwise (TrainConfig.adapter, the CLI, Dagster): the keep
-# family's closed form, k = 8 directions of what the tasks need, each video recentred on its expected action
+# family's closed form, k = 14 directions of what the tasks need, each video recentred on its expected class
 # (docs/method.md: how k and recentring were chosen). AAMConfig's own defaults below are the paper's
 # architecture, for adapters built by hand.
-DEFAULT_ADAPTER = {"keep": 8, "layers": 0, "mixer": "mlp", "recentre": True}
-# The default before recentring (issue 22's keep family), kept as a named variant
-KEEP_ADAPTER = {"keep": 14, "layers": 0, "mixer": "mlp"}
+DEFAULT_ADAPTER = {"keep": 14, "layers": 0, "mixer": "mlp", "recentre": True}
 # The previous default (with TrainConfig erase_fraction 0.5: an erasure of half the dimensions, then 2 residual
 # MLP blocks trained with the learned critic), kept as a named variant
 PREVIOUS_DEFAULT_ADAPTER = {"keep": 0, "layers": 2, "mixer": "mlp", "hidden": 256, "recentre": False}
@@ -56,8 +54,8 @@ class AAMConfig:
     hidden: int = 256           # width of an "mlp" block (D -> hidden -> D)
     oracle: bool = False        # trained WITH private-attribute labels: a diagnostic, never publishable
     keep: int = 0               # k: publish only a fitted k-dim utility subspace (aam/keep.py); 0 = D wide
-    recentre: bool = False      # replace each video's kept mean by its expected action centroid (needs keep)
-    classes: int = 0            # C: action centroids of the recentring stage (set by training, like dim)
+    recentre: bool = False      # replace each video's kept mean by its expected class centroid (needs keep)
+    classes: int = 0            # C: class centroids of the recentring stage (set by training, like dim)
 
     def __post_init__(self):
         for f in fields(self):
@@ -79,7 +77,7 @@ class AAMConfig:
         if self.keep and (self.mixer != "mlp" or self.clip_context):
             raise ValueError("AAMConfig.keep needs mixer='mlp' (its blocks work in the k-dim kept space)")
         if self.recentre and (not self.keep or self.classes < 2):
-            raise ValueError(f"AAMConfig.recentre needs keep > 0 and classes >= 2 (the training actions), "
+            raise ValueError(f"AAMConfig.recentre needs keep > 0 and classes >= 2 (the training classes), "
                              f"got keep={self.keep}, classes={self.classes}; set recentre false for a full-width "
                              f"adapter")
         if not self.recentre and self.classes:
@@ -223,8 +221,8 @@ class Keep(nn.Module):
 
 
 class Recentre(nn.Module):
-    """Each video's kept mean replaced by its expected action centroid (`aam.keep.fit_recentre`, frozen buffers):
-    the posterior-weighted mixture of the training actions' centroids under a shared-covariance Gaussian model,
+    """Each video's kept mean replaced by its expected class centroid (`aam.keep.fit_recentre`, frozen buffers):
+    the posterior-weighted mixture of the training classes' centroids under a shared-covariance Gaussian model,
     moved proportionally less past a training quantile of distances (classes nobody trained for). Per video."""
 
     def __init__(self, k: int, classes: int):

@@ -256,6 +256,18 @@ def fit_utility_keep(data: TrainingData, tasks, k: int, cfg: TrainConfig, transf
                     ridge=cfg.keep_ridge)
 
 
+def recentre_classes(data: TrainingData, tasks) -> tuple[list[VideoFeatures], list[str]]:
+    """The videos whose kept means define the recentring centroids, and their class: each AR training video's action
+    and, when AD is trained, each AD training video's video label (normal / anomalous: what a whole AD video is)."""
+    videos = list(data.ar_train) if "ar" in tasks else []
+    labels = [v.meta["action"] for v in videos]
+    if "ad" in tasks and videos:
+        ad = [v for v in data.ad_train if v.meta.get("anomaly") is not None]
+        videos += ad
+        labels += [f"anomaly={int(v.meta['anomaly'])}" for v in ad]
+    return videos, labels
+
+
 def fit_closed_form(data: TrainingData, tasks, k: int, cfg: TrainConfig):
     """The default adapter's closed-form stages as numpy, for the keep curve: the keep fit, then (when cfg.adapter
     recentres and AR is among `tasks`, as train_aam decides) the recentring fit. Returns (per-video map (T, D) ->
@@ -263,10 +275,11 @@ def fit_closed_form(data: TrainingData, tasks, k: int, cfg: TrainConfig):
     from .keep import apply_keep, apply_recentre, fit_recentre
 
     fit = fit_utility_keep(data, tasks, k, cfg)
-    if not (cfg.adapter.get("recentre") and "ar" in tasks and len({v.meta["action"] for v in data.ar_train}) >= 2):
+    videos, labels = recentre_classes(data, tasks)
+    if not (cfg.adapter.get("recentre") and len(set(labels)) >= 2):
         return (lambda f: apply_keep(fit, f)), False
-    means = np.stack([apply_keep(fit, v.feats).mean(0) for v in data.ar_train])
-    rfit = fit_recentre(means, [v.meta["action"] for v in data.ar_train], cfg.recentre_quantile)
+    means = np.stack([apply_keep(fit, v.feats).mean(0) for v in videos])
+    rfit = fit_recentre(means, labels, cfg.recentre_quantile)
     return (lambda f: apply_recentre(rfit, apply_keep(fit, f))), True
 
 
@@ -298,9 +311,10 @@ def _fit_recentre_into(adapter, stage, data: TrainingData, cfg: TrainConfig, log
     action labels (aam/keep.py); installed into the adapter."""
     from .keep import fit_recentre
 
+    videos, labels = recentre_classes(data, cfg.tasks)
     with torch.no_grad():
-        means = np.stack([adapter(torch.from_numpy(v.feats)).mean(0).numpy() for v in data.ar_train])
-    fit = fit_recentre(means, [v.meta["action"] for v in data.ar_train], cfg.recentre_quantile)
+        means = np.stack([adapter(torch.from_numpy(v.feats)).mean(0).numpy() for v in videos])
+    fit = fit_recentre(means, labels, cfg.recentre_quantile)
     _load_buffers(stage, centroids=fit.centroids, precision=fit.precision, gate=fit.gate)
     adapter.recentre = stage
     if log:
@@ -347,9 +361,9 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
     adapter_kw = dict(cfg.adapter)
     adapter_kw.setdefault("erase_rank", int(round(cfg.erase_fraction * data.dim)))
     if adapter_kw.get("recentre"):  # the centroids are the trained actions': without task 'ar' there are none
-        n_actions = len({v.meta["action"] for v in data.ar_train})   # the centroids fit_recentre will find
-        if "ar" in cfg.tasks and n_actions >= 2:
-            adapter_kw["classes"] = n_actions                       # derived from the data, like dim
+        n_classes = len(set(recentre_classes(data, cfg.tasks)[1]))  # the centroids fit_recentre will find
+        if "ar" in cfg.tasks and n_classes >= 2:
+            adapter_kw["classes"] = n_classes                       # derived from the data, like dim
         else:
             adapter_kw["recentre"] = False
             if log:
