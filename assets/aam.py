@@ -27,6 +27,8 @@ def _field_notes(cls) -> dict[str, str]:
 
 
 _TYPES = {"float": float, "int": int, "str": str, "bool": bool}
+# adapter fields training sets, not the user: the latents' width, the recentring centroids' count, the oracle flag
+DERIVED_ADAPTER_FIELDS = ("dim", "oracle", "classes")
 # training fields the Dagster config states differently: chosen per store by roles.training_plan, or internal
 _PLANNED = {"tasks", "selection", "adapter", "oracle"}
 
@@ -46,7 +48,7 @@ def _config_fields() -> dict:
             out[f.name] = (_TYPES[f.type], Field(default=f.default, description=notes.get(f.name)))
     notes = _field_notes(AAMConfig)
     for f in dataclasses.fields(AAMConfig):
-        if f.name not in ("dim", "oracle"):
+        if f.name not in DERIVED_ADAPTER_FIELDS:
             unset = DEFAULT_ADAPTER.get(f.name, getattr(AAMConfig, f.name, "derived"))
             out[f.name] = (_TYPES[f.type] | None, Field(default=None, description=(
                 f"adapter: {notes.get(f.name, '')} (unset: {unset!r})")))
@@ -66,7 +68,7 @@ class _TrainingConfigMethods:
     def adapter_fields(self) -> dict:
         """The default adapter (model.DEFAULT_ADAPTER) with the fields this config sets."""
         return {**DEFAULT_ADAPTER, **{f.name: getattr(self, f.name) for f in dataclasses.fields(AAMConfig)
-                                      if f.name not in ("dim", "oracle") and getattr(self, f.name) is not None}}
+                                      if f.name not in DERIVED_ADAPTER_FIELDS and getattr(self, f.name) is not None}}
 
 
 AAMTrainingConfig = create_model(

@@ -72,7 +72,7 @@ class TrainConfig:
     keep_tad_phases: int = 3             # keep fit: a TAD segment's clips labelled by class and phase (start .. end)
     keep_w_dynamic: float = 0.0          # keep fit: weight of what motion adds to a video (moving clips minus its static clips)
     keep_ridge: float = 0.3              # keep fit: shrinkage, isotropic variance added to the rest as a share of the total
-    recentre_quantile: float = 0.8       # recentring (adapter recentre): videos farther from every action than this share of the training videos are moved less
+    recentre_quantile: float = 0.8       # recentring (adapter recentre): videos farther from every trained class than this share of the training videos are moved less
     heldout_fraction: float = 0.2        # static-bearing training videos kept out of training, for diagnostics
     diagnose_points: int = 4             # fresh-critic pair matching measured this many times during training
     diagnose_steps: int = 300            # training steps of each fresh diagnostic critic
@@ -307,8 +307,8 @@ def _fit_keep_into(adapter, data: TrainingData, cfg: TrainConfig, log) -> dict:
 
 
 def _fit_recentre_into(adapter, stage, data: TrainingData, cfg: TrainConfig, log) -> dict:
-    """The recentring stage from the AR training videos' published means (the adapter without it) and their
-    action labels (aam/keep.py); installed into the adapter."""
+    """The recentring stage from its training videos' published means (the adapter without it) and their utility
+    class (recentre_classes, aam/keep.py); installed into the adapter."""
     from .keep import fit_recentre
 
     videos, labels = recentre_classes(data, cfg.tasks)
@@ -318,7 +318,7 @@ def _fit_recentre_into(adapter, stage, data: TrainingData, cfg: TrainConfig, log
     _load_buffers(stage, centroids=fit.centroids, precision=fit.precision, gate=fit.gate)
     adapter.recentre = stage
     if log:
-        log(f"recentre: each video's kept mean -> its expected action among {len(fit.centroids)} "
+        log(f"recentre: each video's kept mean -> its expected class among {len(fit.centroids)} "
             f"(moved less past the {cfg.recentre_quantile:.0%} quantile of training distances, {float(fit.gate):.2f})")
     return {"classes": len(fit.centroids), "quantile": cfg.recentre_quantile, "gate": round(float(fit.gate), 4)}
 
@@ -360,9 +360,9 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
     gen = torch.Generator().manual_seed(cfg.seed)
     adapter_kw = dict(cfg.adapter)
     adapter_kw.setdefault("erase_rank", int(round(cfg.erase_fraction * data.dim)))
-    if adapter_kw.get("recentre"):  # the centroids are the trained actions': without task 'ar' there are none
+    if adapter_kw.get("recentre"):  # the centroids are the trained actions' (+ AD's): without task 'ar' there are none
         n_classes = len(set(recentre_classes(data, cfg.tasks)[1]))  # the centroids fit_recentre will find
-        if "ar" in cfg.tasks and n_classes >= 2:
+        if n_classes >= 2:
             adapter_kw["classes"] = n_classes                       # derived from the data, like dim
         else:
             adapter_kw["recentre"] = False
