@@ -268,19 +268,20 @@ def recentre_classes(data: TrainingData, tasks) -> tuple[list[VideoFeatures], li
     return videos, labels
 
 
-def fit_closed_form(data: TrainingData, tasks, k: int, cfg: TrainConfig):
-    """The default adapter's closed-form stages as numpy, for the keep curve: the keep fit, then (when cfg.adapter
-    recentres and AR is among `tasks`, as train_aam decides) the recentring fit. Returns (per-video map (T, D) ->
-    (T, k), recentred or not); train_aam's adapter gives the same rows (tests/test_keep.py)."""
+def fit_closed_form(data: TrainingData, tasks, k: int, cfg: TrainConfig) -> dict:
+    """The default adapter's closed-form stages as numpy, for the keep curve, from one keep fit: {False: the keep map,
+    True: keep then recentring (only when `tasks` give >= 2 centroids, as train_aam decides)}, each a per-video map
+    (T, D) -> (T, k); train_aam's adapter gives the same rows (tests/test_keep.py)."""
     from .keep import apply_keep, apply_recentre, fit_recentre
 
     fit = fit_utility_keep(data, tasks, k, cfg)
+    maps = {False: lambda f: apply_keep(fit, f)}
     videos, labels = recentre_classes(data, tasks)
-    if not (cfg.adapter.get("recentre") and len(set(labels)) >= 2):
-        return (lambda f: apply_keep(fit, f)), False
-    means = np.stack([apply_keep(fit, v.feats).mean(0) for v in videos])
-    rfit = fit_recentre(means, labels, cfg.recentre_quantile)
-    return (lambda f: apply_recentre(rfit, apply_keep(fit, f))), True
+    if len(set(labels)) >= 2:
+        means = np.stack([apply_keep(fit, v.feats).mean(0) for v in videos])
+        rfit = fit_recentre(means, labels, cfg.recentre_quantile)
+        maps[True] = lambda f: apply_recentre(rfit, apply_keep(fit, f))
+    return maps
 
 
 def _load_buffers(module, **arrays) -> None:

@@ -106,18 +106,18 @@ def family_sets(inp: FamilyInputs, ks: Sequence[int], ridges: Sequence[float] | 
     Returns (name -> dataset -> videos, members); seens: "ar", "ar,tad", ... (default: the config's tasks);
     recentres: with and/or without recentring (default: as the config's adapter)."""
     sets, members = {}, []
-    for recentre in recentres or [bool(inp.cfg.adapter.get("recentre"))]:
-        for ridge in ridges or [inp.cfg.keep_ridge]:
-            cfg = dataclasses.replace(inp.cfg, keep_ridge=ridge, adapter={**inp.cfg.adapter, "recentre": recentre})
-            for k in ks:
-                for seen in seens or [",".join(cfg.tasks)]:
-                    tasks = tuple(t for t in seen.split(",") if t)
-                    fn, recentred = fit_closed_form(inp.data, tasks, k, cfg)
+    for ridge in ridges or [inp.cfg.keep_ridge]:
+        cfg = dataclasses.replace(inp.cfg, keep_ridge=ridge)
+        for k in ks:
+            for seen in seens or [",".join(cfg.tasks)]:
+                tasks = tuple(t for t in seen.split(",") if t)
+                maps = fit_closed_form(inp.data, tasks, k, cfg)
+                # recentring asked for without centroids (no task 'ar'): the member is keep alone, once
+                for recentred in dict.fromkeys(r and r in maps for r in recentres or [bool(cfg.adapter.get("recentre"))]):
                     name = (f"keep k={k}" + (" + recentre" if recentred else "") + (f" ridge {ridge:g}" if ridges else "")
                             + (f" seen {seen}" if seens else ""))
-                    if name in sets:  # recentring asked for without task 'ar': the member without it, already there
-                        continue
-                    sets[name] = {d: [dataclasses.replace(v, feats=fn(v.feats)) for v in vs] for d, vs in inp.raw.items()}
+                    sets[name] = {d: [dataclasses.replace(v, feats=maps[recentred](v.feats)) for v in vs]
+                                  for d, vs in inp.raw.items()}
                     members.append({"name": name, "k": k, "ridge": ridge, "seen": list(tasks), "recentre": recentred})
     return sets, members
 
