@@ -27,7 +27,6 @@ from splavu_core.aam.train import fit_utility_keep
 from splavu_core.encoders.vfm import DEMO_CHECKPOINT, load_encoder
 from splavu_core.evaluation import trivial
 from splavu_core.evaluation.keep_curve import load_inputs, score_family
-from splavu_core.extract import stack_prepared
 from splavu_core.datasets import shard_rows
 from splavu_core.sampling import ClipSampling
 from splavu_core.store import FeatureStore
@@ -43,15 +42,15 @@ def encode_anchors(fs: FeatureStore, checkpoint: str, static_k: int, batch: int 
     def flush(force=False):
         while len(pending) >= batch or (force and pending):
             chunk, pending[:] = pending[:batch], pending[batch:]
-            for (vid, _), e in zip(chunk, enc.embed_prepared(stack_prepared([f for _, f in chunk]))):
+            for (vid, _), e in zip(chunk, enc.embed_clips([f for _, f in chunk])):
                 sums[vid] = sums.get(vid, 0.0) + e.astype(np.float64) / static_k
 
     for shard in fs.committed_shards():
         manifest, rows = shard_rows(fs, shard)
         for r in rows:
             v = DecordVideo(manifest.root / r["path"])
-            frames = enc.prepare(v.frames(sampling.static_frames(v.info.n_frames))[:, None])  # (K, 1, 3, S, S)
-            pending.extend((r["video_id"], f.expand(enc.num_frames, -1, -1, -1)) for f in frames)
+            frames = enc.preprocess.stage(v.frames(sampling.static_frames(v.info.n_frames))[:, None])  # (K, 1, ...)
+            pending.extend((r["video_id"], f) for f in frames)  # one frame: a static clip
             flush()
     flush(force=True)
     return {k: v.astype(np.float32) for k, v in sums.items()}

@@ -36,23 +36,23 @@ class DecodedVideo:
     row: dict
     clips: list[ClipSpan]
     fps: float
-    clip_frames: np.ndarray | None     # (n_clips, T, H, W, 3) uint8; prepared: (n_clips, T, 3, S, S) float
+    clip_frames: np.ndarray | None     # (n_clips, T, H, W, 3) uint8; staged: see Preprocess.stage
     static_idx: np.ndarray             # (K,) frame indices
-    static_frames: np.ndarray | None   # (K, H, W, 3) uint8; prepared: (K, 1, 3, S, S) float
+    static_frames: np.ndarray | None   # (K, H, W, 3) uint8; staged: (K, 1, ...) as Preprocess.stage gives
     error: str | None = None
 
 
 def decode_video(row: dict, root: Path, sampling: ClipSampling, want_static: bool, threads: int = 1,
-                 pixel: PixelAnonymizer | None = None, prepare: Callable | None = None) -> DecodedVideo:
+                 pixel: PixelAnonymizer | None = None, stage: Callable | None = None) -> DecodedVideo:
     """Decode exactly the frames a video's clips (and static clips) need; `pixel` anonymizes them first,
-    `prepare` (the encoder's) brings them to its input size. Any failure quarantines this video only."""
+    `stage` (the encoder's Preprocess.stage) brings them to its input size. Any failure quarantines this video only."""
     path = root / row["path"]
     empty = DecodedVideo(row, [], 0.0, None, np.zeros(0, np.int64), None)
     try:
         dv = _decode(row, path, sampling, want_static, threads, pixel)
-        if prepare is not None:
-            dv.clip_frames = prepare(dv.clip_frames)
-            dv.static_frames = prepare(dv.static_frames[:, None]) if dv.static_frames is not None else None
+        if stage is not None:
+            dv.clip_frames = stage(dv.clip_frames)
+            dv.static_frames = stage(dv.static_frames[:, None]) if dv.static_frames is not None else None
         return dv
     except VideoError as e:
         empty.error = str(e)
@@ -92,13 +92,6 @@ def encoder_workers(encoder: FrozenEncoder, workers: int = 0) -> int:
     return torch.get_num_threads() if encoder.device.type == "cpu" else 1
 
 
-def stack_prepared(clips: list[torch.Tensor]) -> torch.Tensor:
-    """(T, 3, S, S) prepared clips -> (B, T, 3, S, S), stacked channels last: the layout embed_prepared feeds the
-    model (prepare's own), so there is no second copy there, and the one every caller must use (the kernels'
-    results depend on the layout)."""
-    return torch.stack([c.permute(0, 2, 3, 1) for c in clips]).permute(0, 1, 4, 2, 3)
-
-
 def extract_shard(shard: str, rows: list[dict], root: Path, encoder: FrozenEncoder, sampling: ClipSampling,
                   batch_size: int = 16, decode_threads: int = 2, static_splits=("train",),
                   log: Callable[[str], None] | None = None, progress: Callable[[int], None] | None = None,
@@ -116,7 +109,7 @@ def extract_shard(shard: str, rows: list[dict], root: Path, encoder: FrozenEncod
     static_out: dict[str, np.ndarray] = {}
     quarantine = []
     meta: dict[str, tuple] = {}
-    pending: list[tuple[str, str, int, torch.Tensor]] = []  # (video_id, kind, i, frames) awaiting a batch
+    pending: list[tuple[str, str, int, torch.Tensor]] = []  # (video_id, kind, i, staged frames) awaiting a batch
     encoding: deque = deque()           # (batch's (video_id, kind, i), future of its (B, D) embeddings)
     n_workers = encoder_workers(encoder, workers)
 
@@ -132,8 +125,8 @@ def extract_shard(shard: str, rows: list[dict], root: Path, encoder: FrozenEncod
     def flush(force=False):
         while len(pending) >= batch_size or (force and pending):
             chunk, pending[:] = pending[:batch_size], pending[batch_size:]
-            batch = stack_prepared([c[3] for c in chunk])
-            encoding.append(([c[:3] for c in chunk], encode_pool.submit(encoder.embed_prepared, batch)))
+            # the worker builds its batch itself (Preprocess.batch), beside the other worker's forward
+            encoding.append(([c[:3] for c in chunk], encode_pool.submit(encoder.embed_clips, [c[3] for c in chunk])))
             collect(keep=2 * n_workers)  # bounded: a batch waiting per worker beside the one it runs
         if force:
             collect(keep=0)
@@ -150,7 +143,7 @@ def extract_shard(shard: str, rows: list[dict], root: Path, encoder: FrozenEncod
             while todo and len(inflight) < 2 * max(1, decode_threads):  # bounded read-ahead
                 r = todo.popleft()
                 inflight.append(pool.submit(decode_video, r, root, sampling, r["split"] in static_splits,
-                                             pixel=pixel, prepare=encoder.prepare))
+                                             pixel=pixel, stage=encoder.preprocess.stage))
             dv = inflight.popleft().result()
             vid = dv.row["video_id"]
             if dv.error:
@@ -163,9 +156,8 @@ def extract_shard(shard: str, rows: list[dict], root: Path, encoder: FrozenEncod
                 pending.extend((vid, "clip", i, f) for i, f in enumerate(dv.clip_frames))
                 if dv.static_frames is not None:
                     static_out[vid] = np.zeros((len(dv.static_idx), encoder.dim), np.float32)
-                    # a static clip = one frame repeated clip_len times ((1, 3, S, S) → (T, 3, S, S))
-                    pending.extend((vid, "static", k, f.expand(sampling.clip_len, -1, -1, -1))
-                                   for k, f in enumerate(dv.static_frames))
+                    # a static clip = one frame repeated clip_len times: the batch repeats it (Preprocess.batch)
+                    pending.extend((vid, "static", k, f) for k, f in enumerate(dv.static_frames))
                     meta[vid] = meta[vid] + (dv.static_idx,)
             flush()
             done += 1

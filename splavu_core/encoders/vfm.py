@@ -59,6 +59,12 @@ class FrozenEncoder:
         assert frames.shape[1] in (1, self.num_frames), f"encoder wants {self.num_frames}-frame clips, got {frames.shape[1]}"
         return self.preprocess(frames)
 
+    def embed_clips(self, clips: list[torch.Tensor]) -> np.ndarray:
+        """Clips as `preprocess.stage` left them (uint8 crops or resized floats; one frame = a static clip) → (B, D):
+        extraction's path, where each encoder worker builds its own batch (conversion and normalisation in the
+        batch's slots) beside the other's forward."""
+        return self.embed_prepared(self.preprocess.batch(clips, self.num_frames))
+
     @torch.no_grad()
     def embed_prepared(self, x: torch.Tensor) -> np.ndarray:
         """(B, T, 3, crop, crop) prepared clips → (B, D) float32 embeddings."""
