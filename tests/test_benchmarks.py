@@ -50,7 +50,8 @@ def store_copy(tiny_store, tmp_path_factory):
 
 def test_extract(tiny_bench, tiny_videomae):
     root, _ = tiny_bench
-    out = run_bench("extract", "--data", root / "tad", "--videos", 2, "--checkpoint", tiny_videomae, "--static-k", 2)
+    out = run_bench("extract", "--data", root / "tad", "--videos", 2, "--checkpoint", tiny_videomae, "--static-k", 2,
+                    "--rounds", 2)
     assert set(out["clips_per_s"]) == {"bare_forward", "bare_forward_workers", "decode_only", "encoder_only",
                                        "end_to_end", "naive"}
     assert 0 < out["decode_inclusive_ceiling_clips_per_s"] < min(out["clips_per_s"]["bare_forward_workers"],
@@ -59,6 +60,7 @@ def test_extract(tiny_bench, tiny_videomae):
     for k in ("ratio_end_to_end_vs_bare_forward", "ratio_end_to_end_vs_naive", "cpu_ratio_end_to_end_vs_bare_forward",
               "ratio_end_to_end_vs_decode_inclusive_ceiling"):
         assert out[k] > 0
+    assert all(len(r) == 2 for r in out["clips_per_s_each_round"].values())
 
 
 def test_publish():
