@@ -14,6 +14,8 @@ from test_anonymizer_privacy import flip_private_labels, toy_videos
 
 KEEP = dict(epochs=2, batch=64, pretrain_head_epochs=1, tasks=("ar",), adapter={"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0},
             diagnose_points=1, diagnose_steps=30)
+# fit_keep's weights for the tests of the fit itself: the task scatter alone, barely shrunk
+BARE = dict(w_motion=0.0, w_app=0.0, ridge=1e-3, tad_phases=3, w_dynamic=0.0)
 
 
 def _videos(actions, labels):
@@ -24,7 +26,7 @@ def _videos(actions, labels):
 
 def test_keep_keeps_the_action_directions_and_drops_appearance():
     static, actions, labels = toy_videos()
-    fit = fit_keep({"ar": _videos(actions, labels)}, static, k=2)
+    fit = fit_keep({"ar": _videos(actions, labels)}, static, k=2, **BARE)
     clips, y = np.concatenate(actions), np.repeat(labels, 4)
     z = apply_keep(fit, clips)
     assert z.shape == (len(clips), 2)
@@ -37,13 +39,13 @@ def test_keep_keeps_the_action_directions_and_drops_appearance():
     pred = np.argmin(((z[:, None] - centres[None]) ** 2).sum(-1), 1)
     assert (pred == y).mean() > 0.95
     with pytest.raises(AssertionError, match="k must be"):
-        fit_keep({"ar": _videos(actions, labels)}, static, k=0)
+        fit_keep({"ar": _videos(actions, labels)}, static, k=0, **BARE)
 
 
 def test_motion_directions_fill_the_space_no_task_asked_for():
     """With no utility label the keep stage keeps what varies within a video (appearance does not)."""
     static, actions, labels = toy_videos()
-    fit = fit_keep({"ar": _videos(actions, np.zeros_like(labels))}, static, k=3, w_motion=1.0)
+    fit = fit_keep({"ar": _videos(actions, np.zeros_like(labels))}, static, k=3, **{**BARE, "w_motion": 1.0})
     kept_static = apply_keep(fit, static.reshape(-1, static.shape[-1])).reshape(len(static), -1, 3)
     z = apply_keep(fit, np.concatenate(actions))
     assert np.cov(kept_static.mean(1), rowvar=False).trace() < 0.2 * np.cov(z, rowvar=False).trace()
@@ -64,12 +66,14 @@ def test_what_motion_adds_finds_the_actions_without_any_label():
 
     # with shrinkage: a ratio criterion alone prefers the low-variance noise directions (all of their variance is
     # "dynamic"); isotropic variance added to the rest outweighs them
-    fit = fit_keep(unlabelled, static, k=2, w_dynamic=1.0, dynamic=dynamic, ridge=1.0)
+    fit = fit_keep(unlabelled, static, k=2, dynamic=dynamic, **{**BARE, "w_dynamic": 1.0, "ridge": 1.0})
     acc, z = nearest_centre_accuracy(fit)
-    assert nearest_centre_accuracy(fit_keep(unlabelled, static, k=2, w_dynamic=1.0, dynamic=dynamic))[0] < 0.8
+    unshrunk = fit_keep(unlabelled, static, k=2, dynamic=dynamic, **{**BARE, "w_dynamic": 1.0})
+    assert nearest_centre_accuracy(unshrunk)[0] < 0.8
     kept_static = apply_keep(fit, static.reshape(-1, static.shape[-1])).reshape(len(static), -1, 2)
     assert acc > 0.95 and np.cov(kept_static.mean(1), rowvar=False).trace() < 0.05 * np.cov(z, rowvar=False).trace()
-    motion_only, _ = nearest_centre_accuracy(fit_keep(unlabelled, static, k=2, w_motion=1.0, ridge=1.0))
+    motion = fit_keep(unlabelled, static, k=2, **{**BARE, "w_motion": 1.0, "ridge": 1.0})
+    motion_only, _ = nearest_centre_accuracy(motion)
     assert motion_only < 0.8, motion_only
 
 
@@ -89,7 +93,7 @@ def _recentre_toy(n=120, k=4, seed=0):
 
 def test_recentring_replaces_who_in_a_videos_mean_and_keeps_its_motion():
     videos, labels, attr = _recentre_toy()
-    fit = fit_recentre(np.stack([v.mean(0) for v in videos]), labels)
+    fit = fit_recentre(np.stack([v.mean(0) for v in videos]), labels, 0.8)
     out = [apply_recentre(fit, v) for v in videos]
     means = np.stack([o.mean(0) for o in out])
     # who: the appearance offset no longer separates the attribute's two groups (it did by 2 units)
