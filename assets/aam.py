@@ -1,10 +1,7 @@
 """aam_model: the Anonymizing Adapter Module, trained from cached latents only."""
 
-import dataclasses
-import inspect
 import io
 import json
-import re
 import time
 
 import dagster as dg
@@ -14,44 +11,38 @@ from assets.resources import StoreResource
 from splavu_core import costs
 from splavu_core.aam.io import adapter_version, save_adapter
 from splavu_core.aam.model import DEFAULT_ADAPTER, AAMConfig
-from splavu_core.aam.train import TASKS, TrainConfig, load_training_data, train_aam
+from splavu_core.aam.train import TASKS, TrainConfig, config_fields, load_training_data, train_aam
 from splavu_core.evaluation.report import png_markdown
 from splavu_core.publish import record_version
 from splavu_core.datasets import training_plan
 
 
-def _field_notes(cls) -> dict[str, str]:
-    """name -> the comment beside the field in the dataclass's source: one place for each field's help."""
-    src = inspect.getsource(cls)
-    return {m[1]: m[2].strip() for m in re.finditer(r"^\s+(\w+): [^=\n]+=[^#\n]*#\s*(.+)$", src, re.M)}
-
-
 _TYPES = {"float": float, "int": int, "str": str, "bool": bool}
-# adapter fields training sets, not the user: the latents' width, the recentring centroids' count, the oracle flag
-DERIVED_ADAPTER_FIELDS = ("dim", "oracle", "classes")
-# training fields the Dagster config states differently: chosen per store by roles.training_plan, or internal
-_PLANNED = {"tasks", "selection", "adapter", "oracle"}
+# a field only some adapters read says which, first thing in its description
+_LABELS = {None: "", "erasure": "[erasure stage, off by default] ", "loop": "[trained adapters only] "}
+# chosen per store by datasets.training_plan when left unset
+_PLANNED = {"tasks", "selection"}
 
 
 def _config_fields() -> dict:
-    """Every TrainConfig field (same name, type, default) and every AAMConfig field (optional: unset = the
-    AAMConfig default, or derived, as erase_rank from erase_fraction): the library's dataclasses are the one
-    definition of training; this only states it for Dagster."""
-    out = {"tasks": (list[str] | None, Field(default=None, description="utility tasks co-trained (any subset of "
+    """Every field train.config_fields lists, flat (same name, type, default; AAMConfig's optional: unset = the
+    default adapter's value, or derived, as erase_rank from erase_fraction), the default adapter's first and each of
+    the others labelled with the stage that alone reads it: the library's dataclasses are the one definition of
+    training; this only states it for Dagster. Flat, so the CLI's --config and stored run configs stay valid."""
+    out = {"tasks": (list[str] | None, Field(default=None, description="utility tasks fitted for (any subset of "
                      "ar, tad, ad); default: every task whose labelled data is registered")),
-           "selection": (str, Field(default="", description="val_ar or last; default: val_ar when AR has val videos")),
            **{f"{t}_dataset": (str, Field(default="", description=f"default: the dataset registered with role {t}"))
               for t in TASKS}}
-    notes = _field_notes(TrainConfig)
-    for f in dataclasses.fields(TrainConfig):
-        if f.name not in _PLANNED:
-            out[f.name] = (_TYPES[f.type], Field(default=f.default, description=notes.get(f.name)))
-    notes = _field_notes(AAMConfig)
-    for f in dataclasses.fields(AAMConfig):
-        if f.name not in DERIVED_ADAPTER_FIELDS:
+    for section, f, adapter in config_fields():
+        doc = _LABELS[section] + f.metadata["doc"]
+        if f.name == "selection":
+            out[f.name] = (str, Field(default="", description=f"{_LABELS[section]}val_ar or last; default: val_ar "
+                                                              "when AR has val videos"))
+        elif adapter:
             unset = DEFAULT_ADAPTER.get(f.name, getattr(AAMConfig, f.name, "derived"))
-            out[f.name] = (_TYPES[f.type] | None, Field(default=None, description=(
-                f"adapter: {notes.get(f.name, '')} (unset: {unset!r})")))
+            out[f.name] = (_TYPES[f.type] | None, Field(default=None, description=f"adapter: {doc} (unset: {unset!r})"))
+        elif f.name not in _PLANNED:
+            out[f.name] = (_TYPES[f.type], Field(default=f.default, description=doc))
     return out
 
 
@@ -60,21 +51,23 @@ class _TrainingConfigMethods:
         return {t: getattr(self, f"{t}_dataset") for t in TASKS}
 
     def train_config(self) -> TrainConfig:
-        """The library's TrainConfig (tasks / selection as configured; roles.training_plan fills them in)."""
-        kw = {f.name: getattr(self, f.name) for f in dataclasses.fields(TrainConfig) if f.name not in _PLANNED}
-        return TrainConfig(tasks=tuple(self.tasks or ()), selection=self.selection or "val_ar",
-                           adapter=self.adapter_fields(), **kw)
+        """The library's TrainConfig (tasks / selection as configured; datasets.training_plan fills them in)."""
+        kw = {f.name: getattr(self, f.name) for _, f, adapter in config_fields()
+              if not adapter and f.name not in _PLANNED}
+        return TrainConfig.from_flat({**kw, "tasks": tuple(self.tasks or ()), "selection": self.selection or "val_ar",
+                                      "adapter": self.adapter_fields()})
 
     def adapter_fields(self) -> dict:
         """The default adapter (model.DEFAULT_ADAPTER) with the fields this config sets."""
-        return {**DEFAULT_ADAPTER, **{f.name: getattr(self, f.name) for f in dataclasses.fields(AAMConfig)
-                                      if f.name not in DERIVED_ADAPTER_FIELDS and getattr(self, f.name) is not None}}
+        return {**DEFAULT_ADAPTER, **{f.name: getattr(self, f.name) for _, f, adapter in config_fields()
+                                      if adapter and getattr(self, f.name) is not None}}
 
 
 AAMTrainingConfig = create_model(
     "AAMTrainingConfig", __base__=(dg.Config, _TrainingConfigMethods), __module__=__name__,
-    __doc__="How aam_model trains: splavu_core.aam.train.TrainConfig's fields and the adapter's "
-            "(splavu_core.aam.model.AAMConfig), with their defaults; plus which datasets serve which task.",
+    __doc__="How aam_model trains: splavu_core.aam.train.TrainConfig's fields (its erasure and loop sections flat, "
+            "each labelled) and the adapter's (splavu_core.aam.model.AAMConfig), with their defaults; plus which "
+            "datasets serve which task.",
     **_config_fields())
 
 
@@ -184,7 +177,7 @@ def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, stor
     plan = training_plan(fs, config.tasks, config.train_datasets(), config.selection)  # datasets by role
     context.log.info(plan.summary())
     data = load_training_data(fs, plan.datasets["ar"], plan.datasets["tad"], plan.datasets["ad"])
-    train_cfg = dataclasses.replace(config.train_config(), tasks=plan.tasks, selection=plan.selection)
+    train_cfg = config.train_config().replace(tasks=plan.tasks, selection=plan.selection)
     t = time.perf_counter()
     adapter, acfg, summary = train_aam(data, train_cfg, log=context.log.info)
     fit_s = time.perf_counter() - t  # fits, loop and diagnostics: the closed form's work is all outside the loop

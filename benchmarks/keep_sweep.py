@@ -33,7 +33,7 @@ def variant_sets(fs, data, raw, variants) -> tuple[dict, list[dict]]:
     sets, marks = {}, []
     for variant in variants:
         vcfg = AblationConfig().variant_train_config(variant)
-        vdata = load_oracle_labels(fs, data) if vcfg.oracle else data
+        vdata = load_oracle_labels(fs, data) if vcfg.loop.oracle else data
         adapter, _, _ = train_aam(vdata, vcfg, log=None)
         sets[variant] = {d: anonymize_videos(adapter, vs) for d, vs in raw.items()}
         marks.append({"name": variant, "seen": list(vcfg.tasks)})

@@ -20,7 +20,6 @@ Variants whose training config is identical (loss_all = tasks_all = wlc_<base w_
 train once: the result is cached per config in <root>/reports/ablations/by_config/.
 """
 
-import dataclasses
 import time
 
 import dagster as dg
@@ -106,13 +105,13 @@ class AblationConfig(AAMTrainingConfig, ProbeSettings):
         """tasks / selection: the base's when the config leaves them open (roles.training_plan's choice)."""
         if variant not in VARIANTS:
             raise ValueError(f"unknown ablation variant {variant!r}; choose from {list(VARIANTS)}")
-        base = dataclasses.replace(self.train_config(), pretrain_head_epochs=self.pretrain_head_epochs,
-                                   tasks=tuple(self.tasks if self.tasks is not None else tasks),
-                                   selection=self.selection or selection)
+        base = self.train_config().replace(pretrain_head_epochs=self.pretrain_head_epochs,
+                                           tasks=tuple(self.tasks if self.tasks is not None else tasks),
+                                           selection=self.selection or selection)
         delta = dict(VARIANTS[variant])
         if "adapter" in delta:  # a delta on the adapter's fields, not a replacement of all of them
             delta["adapter"] = {**base.adapter, **delta["adapter"]}
-        return dataclasses.replace(base, **delta)
+        return base.replace(**delta)
 
 
 # ---------------------------------------------------------------- library side (no dagster context needed)
@@ -170,7 +169,7 @@ def run_variant(fs: FeatureStore, variant: str, config: AblationConfig, log=None
     datasets = config.datasets(fs)
     raw = load_feature_sets(fs, TASKS, "raw", datasets=datasets)
     raw_rows, raw_key = raw_baseline(fs, config, raw=raw, log=log)
-    train_cfg = dataclasses.asdict(cfg)
+    train_cfg = cfg.flat()  # the stored layout: cached records of earlier runs keep their keys
     key = config_key({"train": train_cfg, "train_datasets": train_datasets,
                 "raw_key": raw_key})
     by_config = f"{ABLATIONS}/by_config/{key}.json"
@@ -179,7 +178,7 @@ def run_variant(fs: FeatureStore, variant: str, config: AblationConfig, log=None
     else:
         t0 = time.perf_counter()
         data = load_training_data(fs, *train_datasets)
-        if cfg.oracle:  # the labelled diagnostic: the one place training is given private-attribute labels
+        if cfg.loop.oracle:  # the labelled diagnostic: the one place training is given private-attribute labels
             data = load_oracle_labels(fs, data)
         adapter, acfg, summary = train_aam(data, cfg, log=log)
         version = adapter_version(adapter, acfg, fs.encoder_fingerprint())

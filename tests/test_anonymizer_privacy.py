@@ -63,7 +63,8 @@ def _train(fs, **over):
     from splavu_core.aam.io import adapter_version
     from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
 
-    adapter, acfg, summary = train_aam(load_training_data(fs, tad=None, ad=None), TrainConfig(**{**SMALL, **over}), log=None)
+    adapter, acfg, summary = train_aam(load_training_data(fs, tad=None, ad=None), TrainConfig.from_flat({**SMALL, **over}),
+                                       log=None)
     return adapter, acfg, summary, adapter_version(adapter, acfg, fs.encoder_fingerprint())
 
 
@@ -110,9 +111,10 @@ def test_oracle_is_refused_by_publish_and_promotion(store_copy):
     fs = store_copy
     data = load_training_data(fs, tad=None, ad=None)
     assert data.attributes is None and all(not k.startswith("attr_") for v in data.ar_train for k in v.meta)
+    oracle = TrainConfig.from_flat({**SMALL, "oracle": True})
     with pytest.raises(TrainingDataError, match="oracle"):
-        train_aam(data, TrainConfig(**{**SMALL, "oracle": True}), log=None)
-    adapter, acfg, _ = train_aam(load_oracle_labels(fs, data), TrainConfig(**{**SMALL, "oracle": True}), log=None)
+        train_aam(data, oracle, log=None)
+    adapter, acfg, _ = train_aam(load_oracle_labels(fs, data), oracle, log=None)
     assert acfg.oracle
     from splavu_core.aam.io import adapter_version
 

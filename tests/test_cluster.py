@@ -340,7 +340,8 @@ def trained(tiny_store, instance, tmp_path_factory):
     root = tmp_path_factory.mktemp("trained") / "store"
     shutil.copytree(tiny_store, root, ignore=shutil.ignore_patterns(".*.lock"))
     fs = FeatureStore(root)
-    cfg = TrainConfig(epochs=3, batch=64, pretrain_head_epochs=2, w_lc=1.0, lr=3e-3, adapter=SMALL_ADAPTER)
+    cfg = TrainConfig.from_flat(dict(epochs=3, batch=64, pretrain_head_epochs=2, w_lc=1.0, lr=3e-3,
+                                     adapter=SMALL_ADAPTER))
     adapter, acfg, _ = train_aam(load_training_data(fs), cfg, log=None)
     fp = fs.encoder_fingerprint()
     version = adapter_version(adapter, acfg, fp)

@@ -44,7 +44,8 @@ def trained(tiny_store, tmp_path_factory):
     from splavu_core.publish import record_version
 
     fs = _copy(tiny_store, tmp_path_factory.mktemp("trained") / "store")
-    cfg = TrainConfig(epochs=3, batch=64, pretrain_head_epochs=2, w_lc=1.0, lr=3e-3, adapter=SMALL_ADAPTER)
+    cfg = TrainConfig.from_flat(dict(epochs=3, batch=64, pretrain_head_epochs=2, w_lc=1.0, lr=3e-3,
+                                     adapter=SMALL_ADAPTER))
     adapter, acfg, _ = train_aam(load_training_data(fs), cfg, log=None)
     fp = fs.encoder_fingerprint()
     from splavu_core.aam.io import adapter_version
@@ -432,22 +433,22 @@ def test_variant_configs():
 
     base = AblationConfig(epochs=5, w_lc=10.0)
     assert base.variant_train_config("loss_no_lt").tasks == ()
-    assert base.variant_train_config("loss_no_lb").w_b == 0.0
-    assert base.variant_train_config("loss_no_llc").w_lc == 0.0
+    assert base.variant_train_config("loss_no_lb").loop.w_b == 0.0
+    assert base.variant_train_config("loss_no_llc").loop.w_lc == 0.0
     assert base.variant_train_config("tasks_tad").tasks == ("tad",)
-    assert base.variant_train_config("wlc_1000").w_lc == 1000.0 and base.variant_train_config("wlc_1000").epochs == 5
-    assert base.variant_train_config("loss_all").w_lc == 10.0
+    assert base.variant_train_config("wlc_1000").loop.w_lc == 1000.0 and base.variant_train_config("wlc_1000").loop.epochs == 5
+    assert base.variant_train_config("loss_all").loop.w_lc == 10.0
     assert base.variant_train_config("default").adapter["keep"] == 14 and base.variant_train_config("default").adapter["recentre"]
     assert base.variant_train_config("no_recentre").adapter == {"keep": 14, "layers": 0, "mixer": "mlp", "recentre": False}
     prev = base.variant_train_config("previous_default")  # erasure of half the dims + 2 MLP blocks + critic
-    assert prev.adapter["keep"] == 0 and prev.adapter["layers"] == 2 and prev.erase_fraction == 0.5
+    assert prev.adapter["keep"] == 0 and prev.adapter["layers"] == 2 and prev.erasure.erase_fraction == 0.5
     base = AblationConfig(epochs=5, erase_rank=12, layers=2, heads=4)
     paper = base.variant_train_config("paper")  # the paper's objective: fixed-cosine NT-Xent, no erasure
-    assert paper.privacy == "ntxent" and paper.adapter["erase_rank"] == 0 and paper.adapter["mixer"] == "attention"
+    assert paper.loop.privacy == "ntxent" and paper.adapter["erase_rank"] == 0 and paper.adapter["mixer"] == "attention"
     assert paper.adapter["heads"] == 4 and paper.adapter["keep"] == 0  # unnamed fields come from the base config
     assert base.variant_train_config("loss_no_lb").adapter["erase_rank"] == 0
     assert base.variant_train_config("erasure_only").adapter["erase_rank"] == 12
-    assert base.variant_train_config("oracle").oracle and not base.variant_train_config("loss_all").oracle
+    assert base.variant_train_config("oracle").loop.oracle and not base.variant_train_config("loss_all").loop.oracle
     with pytest.raises(ValueError, match="unknown ablation variant"):
         base.variant_train_config("nope")
 

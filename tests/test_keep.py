@@ -113,8 +113,6 @@ def test_recentring_replaces_who_in_a_videos_mean_and_keeps_its_motion():
 def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store):
     """The adapter aam_model trains (torch) and the keep curve's member (numpy) give the same rows, and a video's
     rows do not depend on the other videos of its batch."""
-    import dataclasses
-
     import torch
 
     from splavu_core.aam.train import TrainConfig, fit_closed_form, load_training_data, train_aam
@@ -123,7 +121,7 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store):
 
     fs = FeatureStore(tiny_store)
     data = load_training_data(fs, ad=None)
-    cfg = TrainConfig(**{**KEEP, "tasks": ("ar", "tad"), "adapter": {**KEEP["adapter"], "recentre": True}})
+    cfg = TrainConfig.from_flat({**KEEP, "tasks": ("ar", "tad"), "adapter": {**KEEP["adapter"], "recentre": True}})
     adapter, acfg, summary = train_aam(data, cfg, log=None)
     assert acfg.recentre and acfg.classes == len(data.classes) and summary["keep"]["recentre"]["classes"] == acfg.classes
     maps = fit_closed_form(data, cfg.tasks, 4, cfg)
@@ -146,11 +144,11 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store):
     full = load_training_data(fs)
     _, labels = recentre_classes(full, ("ar", "ad"))
     assert {"anomaly=0", "anomaly=1"} <= set(labels) and set(labels) - {"anomaly=0", "anomaly=1"} == set(data.classes)
-    _, acfg_ad, _ = train_aam(full, dataclasses.replace(cfg, tasks=("ar", "ad")), log=None)
+    _, acfg_ad, _ = train_aam(full, cfg.replace(tasks=("ar", "ad")), log=None)
     assert acfg_ad.classes == len(data.classes) + 2 and recentre_classes(full, ("ar",))[1] == \
         [v.meta["action"] for v in full.ar_train]
     msgs = []
-    tad_only = dataclasses.replace(cfg, tasks=("tad",), selection="last")
+    tad_only = cfg.replace(tasks=("tad",), selection="last")
     _, acfg, _ = train_aam(data, tad_only, log=msgs.append)
     assert not acfg.recentre and any("recentre: off" in m for m in msgs)
 
@@ -169,7 +167,7 @@ def test_keep_training_never_reads_private_attribute_labels(tiny_store, tmp_path
     fs = FeatureStore(root)
 
     def version():
-        cfg = TrainConfig(**{**KEEP, "tasks": ("ar", "tad"), "adapter": adapter, **extra})
+        cfg = TrainConfig.from_flat({**KEEP, "tasks": ("ar", "tad"), "adapter": adapter, **extra})
         a, acfg, _ = train_aam(load_training_data(fs, ad=None), cfg, log=None)
         return adapter_version(a, acfg, fs.encoder_fingerprint())
 
