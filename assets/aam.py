@@ -185,12 +185,12 @@ def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, stor
     version = adapter_version(adapter, acfg, fingerprint)  # content hash: same weights, same version
     final = fs.loc("aam", version)
     save_adapter(adapter, acfg, final, fingerprint, extra={k: v for k, v in summary.items() if k != "history"},
-                 storage_options=getattr(fs.fs, "storage_options", None))
-    fs.fs.put_atomic(f"aam/{version}/history.json", (json.dumps(summary["history"]) + "\n").encode())
+                 storage_options=getattr(fs.files, "storage_options", None))
+    fs.files.put_atomic(f"aam/{version}/history.json", (json.dumps(summary["history"]) + "\n").encode())
     png = None
     if summary["history"]:  # a closed-form adapter (keep, no trained block) has no epochs to plot
         png = loss_curve_png(summary["history"], summary.get("diagnostics"), summary["selected_epoch"])
-        fs.fs.put_atomic(f"aam/{version}/loss_curves.png", png)
+        fs.files.put_atomic(f"aam/{version}/loss_curves.png", png)
     metrics = version_metrics(summary)
     record_version(fs, version, {"encoder_fingerprint": fingerprint, "config": acfg.to_dict()},
                    metrics, make_current=False)  # becomes current once its tables are published
@@ -254,7 +254,7 @@ def _keep_metadata(keep: dict | None, dim: int) -> dict:
 def _keep_family_metadata(fs) -> dict:
     """The keep family's curve and operating point on validation (benchmarks/keep_sweep.py), when measured."""
     try:
-        family = fs.fs.read_json("reports/keep_family.json")
+        family = fs.files.read_json("reports/keep_family.json")
     except FileNotFoundError:
         return {}
     if family.get("split") != "val":  # an operating point is only ever chosen on validation videos
@@ -262,7 +262,7 @@ def _keep_family_metadata(fs) -> dict:
     md = {"keep_family_chosen_k": family["chosen_k"] or 0,
           "keep_family": dg.MetadataValue.json({k: family[k] for k in ("split", "seeds", "budget", "chosen_k")})}
     try:
-        png = fs.fs.read_bytes("reports/keep_family.png")
+        png = fs.files.read_bytes("reports/keep_family.png")
         md["keep_family_curve"] = dg.MetadataValue.md(png_markdown(png, "keep family"))
     except FileNotFoundError:
         pass

@@ -59,8 +59,8 @@ def resolve_version(store: FeatureStore, requested: str = "") -> str:
         return newest_version(store)
     if requested not in known:
         meta_key = f"aam/{requested}/adapter.json"
-        if store.fs.isfile(meta_key):  # an adapter copied in by hand: name the real problem if it is another encoder's
-            have, want = store.fs.read_json(meta_key).get("encoder_fingerprint"), store.encoder_fingerprint()
+        if store.files.isfile(meta_key):  # an adapter copied in by hand: name the real problem if it is another encoder's
+            have, want = store.files.read_json(meta_key).get("encoder_fingerprint"), store.encoder_fingerprint()
             if have != want:
                 raise PublishError(f"adapter {adapter_dir(store, requested)} (version {requested}) was trained on latents of "
                                    f"encoder {have!r}, but the store {store.root} holds latents of encoder {want!r}; "

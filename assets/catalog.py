@@ -31,15 +31,15 @@ def record_runs(store: FeatureStore, instance: dg.DagsterInstance, limit: int = 
     for rec in instance.get_run_records(limit=limit):
         run = rec.dagster_run
         key = f"runs/{run.run_id}.parquet"
-        if store.fs.isfile(key):
+        if store.files.isfile(key):
             try:
-                if store.fs.read_parquet(key, columns=["status"])["status"][0].as_py() in TERMINAL:
+                if store.files.read_parquet(key, columns=["status"])["status"][0].as_py() in TERMINAL:
                     continue  # final already
             except Exception:
                 pass  # unreadable: rewrite it
         row = {"run_id": run.run_id, "job": run.job_name, "status": run.status.value,
                "started_at": _ts(rec.start_time), "finished_at": _ts(rec.end_time)}
-        store.fs.write_parquet(key, pa.Table.from_pylist([row], schema=RUNS_SCHEMA))
+        store.files.write_parquet(key, pa.Table.from_pylist([row], schema=RUNS_SCHEMA))
         written += 1
     return written
 

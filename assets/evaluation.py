@@ -132,7 +132,7 @@ def evaluate_tasks(context, store: StoreResource, config: EvalConfig, tasks: tup
 def published_width(fs, version: str) -> int | None:
     """The width of `version`'s published table (its adapter's keep k, else the latents' D)."""
     try:
-        cfg = fs.fs.read_json(f"aam/{version}/adapter.json")["config"]
+        cfg = fs.files.read_json(f"aam/{version}/adapter.json")["config"]
     except FileNotFoundError:
         return None
     return int(cfg.get("keep") or cfg["dim"])

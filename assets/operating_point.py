@@ -33,7 +33,7 @@ def published_k(fs: FeatureStore, version: str | None) -> int | None:
     if not version:
         return None
     try:
-        k = fs.fs.read_json(f"aam/{version}/adapter.json")["config"].get("keep", 0)
+        k = fs.files.read_json(f"aam/{version}/adapter.json")["config"].get("keep", 0)
     except FileNotFoundError:
         return None
     return int(k) or None
@@ -61,7 +61,7 @@ def keep_family_curve(context: dg.AssetExecutionContext, config: KeepCurveConfig
                             "validation curve picks, or when no width passes the privacy budget there.")
 def keep_width_matches_curve(context: dg.AssetCheckExecutionContext, store: StoreResource) -> dg.AssetCheckResult:
     fs = store.store()
-    out = fs.fs.read_json("reports/keep_family.json")
+    out = fs.files.read_json("reports/keep_family.json")
     current = current_version(fs)
     chosen, k = out.get("chosen_k"), published_k(fs, current)
     md = {"chosen_k": chosen or 0, "current_k": k or 0, "current_version": current or ""}

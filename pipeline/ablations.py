@@ -121,7 +121,7 @@ ABLATIONS = "reports/ablations"  # key of the ablation records in the store
 
 def _read_record(fs: FeatureStore, key: str) -> dict | None:
     try:
-        return fs.fs.read_json(key)
+        return fs.files.read_json(key)
     except FileNotFoundError:
         return None
 
@@ -155,7 +155,7 @@ def raw_baseline(fs: FeatureStore, config: AblationConfig, raw=None, log=None) -
         return hit["metric_rows"], key
     raw = raw if raw is not None else load_feature_sets(fs, TASKS, "raw", datasets=datasets)
     rows = _score(fs, config, {RAW: raw}, key, log=log)
-    fs.fs.write_json(path, {"key": key, "metric_rows": _jsonable_rows(rows), "skipped": rows.skipped})
+    fs.files.write_json(path, {"key": key, "metric_rows": _jsonable_rows(rows), "skipped": rows.skipped})
     return _jsonable_rows(rows), key
 
 
@@ -191,10 +191,10 @@ def run_variant(fs: FeatureStore, variant: str, config: AblationConfig, log=None
                "pair_matching": summary.get("diagnostics"), "seen_tasks": list(cfg.tasks),
                "seconds": round(time.perf_counter() - t0, 2), "metric_rows": _jsonable_rows(rows_v),
                "skipped": rows.skipped, "reused": False}
-        fs.fs.write_json(by_config, rec)
+        fs.files.write_json(by_config, rec)
     rec["row"] = {**add_derived(report_row(RAW, raw_rows), report_row(variant, rec["metric_rows"])),
                   "seen_tasks": list(cfg.tasks)}
-    fs.fs.write_json(f"{ABLATIONS}/variants/{safe_name(variant)}.json", rec)
+    fs.files.write_json(f"{ABLATIONS}/variants/{safe_name(variant)}.json", rec)
     return rec
 
 

@@ -260,7 +260,7 @@ def cmd_evaluate(args) -> int:
     print(f"scoring AAM version {version}: {state}; probe seeds {seed}..{seed + 4}", flush=True)
     res = r.run_evaluation(root, config={"aam_version": version, "seed": seed}, instance=r.instance())
     build_catalog(store)  # the metrics view now has files to read
-    print(store.fs.read_text("reports/privacy_utility.md"))
+    print(store.files.read_text("reports/privacy_utility.md"))
     print(f"scored AAM version {version} ({state})")
     for line in evaluation_notes(res):
         print(line)
@@ -324,7 +324,7 @@ def cmd_ablations(args) -> int:
     r = _runner()
     root = _store_root(args)
     r.run_ablations(root, variants=args.variants, epochs=args.epochs, instance=r.instance())
-    print(FeatureStore(root).fs.read_text("reports/ablations.md"))
+    print(FeatureStore(root).files.read_text("reports/ablations.md"))
     return 0
 
 
@@ -744,7 +744,7 @@ CREATES_STORE = ("synth", "ingest", "demo", "fail-run")  # every other command r
 
 
 def _require_store(root: str) -> None:
-    if not FeatureStore(root).fs.isdir(""):
+    if not FeatureStore(root).files.isdir(""):
         raise StoreError(f"no store at {root}: register a dataset first (splavu ingest NAME MANIFEST), "
                          f"or point --store / $SPLAVU_STORE at an existing store")
 

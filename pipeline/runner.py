@@ -181,7 +181,7 @@ def run_ablations(store, variants=None, epochs: int | None = None, config: dict 
     res = run_job(inst, "ablations", resource, assets=["ablation_report"], partition_key=names[-1],
                   run_config={"ops": {"ablation_report": {"config": cfg}}})
     assert res.success, "ablation_report failed"
-    return FeatureStore(root).fs.read_json("reports/ablations.json")
+    return FeatureStore(root).files.read_json("reports/ablations.json")
 
 
 def run_baselines(inst, store: StoreResource, encoder: EncoderResource, names, mask_source: str = "none",

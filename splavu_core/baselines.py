@@ -22,17 +22,17 @@ from .store import FeatureStore, StoreError
 
 
 def baseline_store(raw: FeatureStore, name: str) -> FeatureStore:
-    return FeatureStore(baseline_root(raw.root, name), storage_options=getattr(raw.fs, "storage_options", None))
+    return FeatureStore(baseline_root(raw.root, name), storage_options=getattr(raw.files, "storage_options", None))
 
 
 def existing_baselines(raw: FeatureStore) -> dict[str, FeatureStore]:
     """feature-set name (pixel_<name>) -> store, for every baseline store with committed latents
     of the same encoder as `raw`."""
     base = raw.encoder_fingerprint()
-    if base is None or not raw.fs.isdir("baselines"):
+    if base is None or not raw.files.isdir("baselines"):
         return {}
     out = {}
-    for name in sorted(raw.fs.listdir("baselines")):
+    for name in sorted(raw.files.listdir("baselines")):
         if not name.startswith("pixel_"):
             continue
         fs = baseline_store(raw, name.removeprefix("pixel_"))

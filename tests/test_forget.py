@@ -56,7 +56,7 @@ def env(tiny_store, tmp_path_factory):
 
 
 def manifest_rows(fs: FeatureStore) -> list[dict]:
-    return [r for k in fs.fs.glob("manifests", ".parquet") for r in fs.fs.read_parquet(k).to_pylist()]
+    return [r for k in fs.files.glob("manifests", ".parquet") for r in fs.files.read_parquet(k).to_pylist()]
 
 
 def vectors_of(fs: FeatureStore, ids: set) -> list[np.ndarray]:
@@ -68,8 +68,8 @@ def vectors_of(fs: FeatureStore, ids: set) -> list[np.ndarray]:
         if k := d.static.shape[1] if len(d.static) else 0:
             vids = np.asarray(d.static_index["video_id"].to_pylist()[::k], dtype=object)
             out.append(d.static[np.isin(vids, list(ids))].reshape(-1, d.static.shape[2]))
-    for key in fs.fs.match("anonymized/*/*.parquet"):
-        t = fs.fs.read_parquet(key)
+    for key in fs.files.match("anonymized/*/*.parquet"):
+        t = fs.files.read_parquet(key)
         out.append(pub.feature_matrix(t)[np.isin(t["video_id"].to_numpy(zero_copy_only=False), list(ids))])
     return [a for a in out if len(a)]
 
@@ -171,7 +171,7 @@ def test_forget_subject_leaves_no_byte_of_them_and_refits(env, capsys):
     # the version fitted on them is retired; the refit is current and serves analysts
     v2 = current_version(env.fs)
     assert v2 and v2 != env.v1 and env.v1 in retired_versions(env.fs)
-    assert not env.fs.fs.exists(f"anonymized/{env.v1}") and not env.fs.fs.exists(f"aam/{env.v1}")
+    assert not env.fs.files.exists(f"anonymized/{env.v1}") and not env.fs.files.exists(f"aam/{env.v1}")
     rc, text, err = cli(capsys, "--store", str(env.root), "sql", "SELECT (SELECT count(*) FROM anonymized_features) AS a, "
                       "(SELECT count(*) FROM clips) AS c", "--format", "json")
     assert rc == 0 and text, (rc, text, err)
@@ -200,7 +200,7 @@ def test_tombstone_keeps_them_out_of_reextraction_and_ingest(env, capsys, tiny_b
     assert not gone & {r["video_id"] for r in manifest_rows(env.fs)}  # video_manifest ran again, without them
     rc, _, err = cli(capsys, "--store", str(env.root), "ingest", "ar_again", str(manifest), "--roles", "ar")
     assert rc == 2 and "erased" in err and "--allow-forgotten" in err and err.count("\n") == 1
-    assert not env.fs.fs.exists("datasets/ar_again.json")
+    assert not env.fs.files.exists("datasets/ar_again.json")
 
 
 # ---------------------------------------------------------------- killed mid-request, then run again
@@ -282,7 +282,7 @@ def test_forget_on_s3_leaves_no_trace_and_no_replaced_attempt(s3, capsys, tmp_pa
     pub.record_version(fs, version, {"encoder_fingerprint": "fp", "config": cfg.to_dict()}, {})
     cat.build_catalog(fs)
     write_index(fs, version)
-    assert len(fs.fs.listdir("latents/ar-000/attempts")) == 2
+    assert len(fs.files.listdir("latents/ar-000/attempts")) == 2
 
     ids = {"ar-000_v1", "ar-001_v2"}
     vectors = vectors_of(fs, ids)
@@ -297,7 +297,7 @@ def test_forget_on_s3_leaves_no_trace_and_no_replaced_attempt(s3, capsys, tmp_pa
     files.update({f"catalog-dir/{k}": v for k, v in local_files(local).items()})
     assert scan(files, ids, vectors) == []
     for s in ("ar-000", "ar-001"):  # the replaced attempts are deleted, not left for readers
-        assert [f"attempts/{a}" for a in fs.fs.listdir(f"latents/{s}/attempts")] == [fs.committed(s)["data"]]
+        assert [f"attempts/{a}" for a in fs.files.listdir(f"latents/{s}/attempts")] == [fs.committed(s)["data"]]
         assert fs.read_shard(s).index.num_rows == 9
     assert not [k for k in files if k.startswith("_locks/") or k.startswith("erasure/journal/")]
 
@@ -361,7 +361,7 @@ def fitted_store(tmp_path):
     s = FeatureStore(tmp_path / "store")
     for shard, seed in (("ar-000", 0), ("ar-001", 1)):
         write_fake_shard(s, shard, seed=seed)
-    s.fs.write_json("datasets/ar.json", {"name": "ar", "manifest": str(tmp_path / "gone.csv"), "shard_size": 4,
+    s.files.write_json("datasets/ar.json", {"name": "ar", "manifest": str(tmp_path / "gone.csv"), "shard_size": 4,
                                          "videos": 8, "shards": ["ar-000", "ar-001"], "roles": ["ar"]})
     return s, publish(s, make_adapter(s), ["ar-000", "ar-001"])
 
@@ -383,7 +383,7 @@ def test_versions_fitted_on_the_videos_are_retired_or_kept_on_record(tmp_path, k
         assert "ar-000_v0" not in pub.read_anonymized(s, v)["video_id"].to_pylist()
     else:
         assert "retire" in actions and current_version(s) is None and v in retired_versions(s)
-        assert not s.fs.exists(f"anonymized/{v}") and not s.fs.exists(f"aam/{v}")
+        assert not s.files.exists(f"anonymized/{v}") and not s.files.exists(f"aam/{v}")
         with pytest.raises(pub.PublishError, match="retired"):
             promote(s, v, force=True, reason="try")
 

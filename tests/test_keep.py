@@ -226,7 +226,7 @@ def test_a_keep_adapter_publishes_k_wide_tables_end_to_end(tiny_store, tmp_path,
         return md, check
 
     md, check = curve([2, 4, 6])
-    family = fs.fs.read_json("reports/keep_family.json")
+    family = fs.files.read_json("reports/keep_family.json")
     assert family["split"] == "val" and [m["k"] for m in family["members"]] == [2, 4, 6]
     assert all("privacy" in m and "clip_privacy" in m and "ar" in m for m in family["members"])
     assert family["marks"][0]["name"] == f"AAM {version}" and "privacy" in family["marks"][0]

@@ -226,8 +226,8 @@ def keep_curve(fs: FeatureStore, ks: Sequence[int] = DEFAULT_KS, seeds: Sequence
            "raw": raw_rows,
            "seconds": round(time.perf_counter() - t0, 1)}
     png = plot_png(members, chosen, marks)
-    fs.fs.write_json("reports/keep_family.json", out)
-    fs.fs.put_atomic("reports/keep_family.png", png)
+    fs.files.write_json("reports/keep_family.json", out)
+    fs.files.put_atomic("reports/keep_family.png", png)
     return out, png
 
 
