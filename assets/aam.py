@@ -173,37 +173,37 @@ def _pair_matching_panel(ax, history: list[dict], diag: dict) -> None:
 @dg.asset(deps=["clip_latents", "static_latents"], group_name="anonymizer", kinds={"pytorch", "safetensors"},
           description="The AAM trained on cached clip + static latents (SPLAVU objectives). Never loads the encoder.")
 def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, store: StoreResource) -> dg.MaterializeResult:
-    fs = store.store()
-    plan = training_plan(fs, config.tasks, config.train_datasets(), config.selection)  # datasets by role
+    feature_store = store.store()
+    plan = training_plan(feature_store, config.tasks, config.train_datasets(), config.selection)  # datasets by role
     context.log.info(plan.summary())
-    data = load_training_data(fs, plan.datasets["ar"], plan.datasets["tad"], plan.datasets["ad"])
+    data = load_training_data(feature_store, plan.datasets["ar"], plan.datasets["tad"], plan.datasets["ad"])
     train_cfg = config.train_config().replace(tasks=plan.tasks, selection=plan.selection)
     t = time.perf_counter()
     adapter, acfg, summary = train_aam(data, train_cfg, log=context.log.info)
     fit_s = time.perf_counter() - t  # fits, loop and diagnostics: the closed form's work is all outside the loop
-    fingerprint = fs.encoder_fingerprint()
+    fingerprint = feature_store.encoder_fingerprint()
     version = adapter_version(adapter, acfg, fingerprint)  # content hash: same weights, same version
-    final = fs.loc("aam", version)
+    final = feature_store.loc("aam", version)
     save_adapter(adapter, acfg, final, fingerprint, extra={k: v for k, v in summary.items() if k != "history"},
-                 storage_options=getattr(fs.files, "storage_options", None))
-    fs.files.put_atomic(f"aam/{version}/history.json", (json.dumps(summary["history"]) + "\n").encode())
+                 storage_options=getattr(feature_store.files, "storage_options", None))
+    feature_store.files.put_atomic(f"aam/{version}/history.json", (json.dumps(summary["history"]) + "\n").encode())
     png = None
     if summary["history"]:  # a closed-form adapter (keep, no trained block) has no epochs to plot
         png = loss_curve_png(summary["history"], summary.get("diagnostics"), summary["selected_epoch"])
-        fs.files.put_atomic(f"aam/{version}/loss_curves.png", png)
+        feature_store.files.put_atomic(f"aam/{version}/loss_curves.png", png)
     metrics = version_metrics(summary)
-    record_version(fs, version, {"encoder_fingerprint": fingerprint, "config": acfg.to_dict()},
+    record_version(feature_store, version, {"encoder_fingerprint": fingerprint, "config": acfg.to_dict()},
                    metrics, make_current=False)  # becomes current once its tables are published
-    costs.record(fs, "splavu", "train", version, summary["seconds"])
+    costs.record(feature_store, "splavu", "train", version, summary["seconds"])
     return dg.MaterializeResult(metadata={
         "version": version, "encoder_fingerprint": fingerprint, "path": dg.MetadataValue.path(str(final)),
         "fit": dg.MetadataValue.text(fit_description(summary, acfg.dim)),
         "fit_seconds": dg.MetadataValue.float(round(fit_s, 2)),
-        **(_training_metadata(summary, metrics, png, fs.loc("aam", version, "loss_curves.png"))
+        **(_training_metadata(summary, metrics, png, feature_store.loc("aam", version, "loss_curves.png"))
            if summary["history"] else {}),
         **_diagnostic_metadata(summary.get("diagnostics")),
         **_keep_metadata(summary.get("keep"), acfg.dim),
-        **_keep_family_metadata(fs),
+        **_keep_family_metadata(feature_store),
     })
 
 
@@ -251,10 +251,10 @@ def _keep_metadata(keep: dict | None, dim: int) -> dict:
     return md
 
 
-def _keep_family_metadata(fs) -> dict:
+def _keep_family_metadata(store) -> dict:
     """The keep family's curve and operating point on validation (benchmarks/keep_sweep.py), when measured."""
     try:
-        family = fs.files.read_json("reports/keep_family.json")
+        family = store.files.read_json("reports/keep_family.json")
     except FileNotFoundError:
         return {}
     if family.get("split") != "val":  # an operating point is only ever chosen on validation videos
@@ -262,7 +262,7 @@ def _keep_family_metadata(fs) -> dict:
     md = {"keep_family_chosen_k": family["chosen_k"] or 0,
           "keep_family": dg.MetadataValue.json({k: family[k] for k in ("split", "seeds", "budget", "chosen_k")})}
     try:
-        png = fs.files.read_bytes("reports/keep_family.png")
+        png = store.files.read_bytes("reports/keep_family.png")
         md["keep_family_curve"] = dg.MetadataValue.md(png_markdown(png, "keep family"))
     except FileNotFoundError:
         pass

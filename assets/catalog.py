@@ -48,10 +48,10 @@ def record_runs(store: FeatureStore, instance: dg.DagsterInstance, limit: int = 
           description="catalog.duckdb + each version's neighbour index (splavu_core.neighbors): views videos, clips, quarantine, anonymized_features (current AAM, FLOAT[D]), "
                       "anonymized_features_all, aam_versions, metrics, runs, storage. Open it read-only with duckdb.")
 def feature_catalog(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
-    fs = store.store()
-    n_runs = record_runs(fs, context.instance)
-    res = build_catalog(fs)
-    nn = refresh_indexes(fs)  # `splavu neighbors` reads these, not the Parquet tables
+    feature_store = store.store()
+    n_runs = record_runs(feature_store, context.instance)
+    res = build_catalog(feature_store)
+    nn = refresh_indexes(feature_store)  # `splavu neighbors` reads these, not the Parquet tables
     context.log.info(f"neighbour indexes written for {nn['written'] or 'no'} version(s), pruned {nn['pruned'] or 'none'}")
     context.log.info(f"catalog {res['path']}: AAM version {res['version']}, {sum(res['rows'].values())} rows in "
                      f"{len(res['rows'])} views ({res['seconds']:.2f} s)")
