@@ -1,10 +1,7 @@
 """aam_model: the Anonymizing Adapter Module, trained from cached latents only."""
 
-import dataclasses
-import inspect
 import io
 import json
-import re
 import time
 
 import dagster as dg
@@ -14,44 +11,38 @@ from assets.resources import StoreResource
 from splavu_core import costs
 from splavu_core.aam.io import adapter_version, save_adapter
 from splavu_core.aam.model import DEFAULT_ADAPTER, AAMConfig
-from splavu_core.aam.train import TASKS, TrainConfig, load_training_data, train_aam
+from splavu_core.aam.train import TASKS, TrainConfig, config_fields, load_training_data, train_aam
 from splavu_core.evaluation.report import png_markdown
 from splavu_core.publish import record_version
 from splavu_core.datasets import training_plan
 
 
-def _field_notes(cls) -> dict[str, str]:
-    """name -> the comment beside the field in the dataclass's source: one place for each field's help."""
-    src = inspect.getsource(cls)
-    return {m[1]: m[2].strip() for m in re.finditer(r"^\s+(\w+): [^=\n]+=[^#\n]*#\s*(.+)$", src, re.M)}
-
-
 _TYPES = {"float": float, "int": int, "str": str, "bool": bool}
-# adapter fields training sets, not the user: the latents' width, the recentring centroids' count, the oracle flag
-DERIVED_ADAPTER_FIELDS = ("dim", "oracle", "classes")
-# training fields the Dagster config states differently: chosen per store by roles.training_plan, or internal
-_PLANNED = {"tasks", "selection", "adapter", "oracle"}
+# a field only some adapters read says which, first thing in its description
+_LABELS = {None: "", "erasure": "[erasure stage, off by default] ", "loop": "[trained adapters only] "}
+# chosen per store by datasets.training_plan when left unset
+_PLANNED = {"tasks", "selection"}
 
 
 def _config_fields() -> dict:
-    """Every TrainConfig field (same name, type, default) and every AAMConfig field (optional: unset = the
-    AAMConfig default, or derived, as erase_rank from erase_fraction): the library's dataclasses are the one
-    definition of training; this only states it for Dagster."""
-    out = {"tasks": (list[str] | None, Field(default=None, description="utility tasks co-trained (any subset of "
+    """Every field train.config_fields lists, flat (same name, type, default; AAMConfig's optional: unset = the
+    default adapter's value, or derived, as erase_rank from erase_fraction), the default adapter's first and each of
+    the others labelled with the stage that alone reads it: the library's dataclasses are the one definition of
+    training; this only states it for Dagster. Flat, so the CLI's --config and stored run configs stay valid."""
+    out = {"tasks": (list[str] | None, Field(default=None, description="utility tasks fitted for (any subset of "
                      "ar, tad, ad); default: every task whose labelled data is registered")),
-           "selection": (str, Field(default="", description="val_ar or last; default: val_ar when AR has val videos")),
            **{f"{t}_dataset": (str, Field(default="", description=f"default: the dataset registered with role {t}"))
               for t in TASKS}}
-    notes = _field_notes(TrainConfig)
-    for f in dataclasses.fields(TrainConfig):
-        if f.name not in _PLANNED:
-            out[f.name] = (_TYPES[f.type], Field(default=f.default, description=notes.get(f.name)))
-    notes = _field_notes(AAMConfig)
-    for f in dataclasses.fields(AAMConfig):
-        if f.name not in DERIVED_ADAPTER_FIELDS:
+    for section, f, adapter in config_fields():
+        doc = _LABELS[section] + f.metadata["doc"]
+        if f.name == "selection":
+            out[f.name] = (str, Field(default="", description=f"{_LABELS[section]}val_ar or last; default: val_ar "
+                                                              "when AR has val videos"))
+        elif adapter:
             unset = DEFAULT_ADAPTER.get(f.name, getattr(AAMConfig, f.name, "derived"))
-            out[f.name] = (_TYPES[f.type] | None, Field(default=None, description=(
-                f"adapter: {notes.get(f.name, '')} (unset: {unset!r})")))
+            out[f.name] = (_TYPES[f.type] | None, Field(default=None, description=f"adapter: {doc} (unset: {unset!r})"))
+        elif f.name not in _PLANNED:
+            out[f.name] = (_TYPES[f.type], Field(default=f.default, description=doc))
     return out
 
 
@@ -60,21 +51,23 @@ class _TrainingConfigMethods:
         return {t: getattr(self, f"{t}_dataset") for t in TASKS}
 
     def train_config(self) -> TrainConfig:
-        """The library's TrainConfig (tasks / selection as configured; roles.training_plan fills them in)."""
-        kw = {f.name: getattr(self, f.name) for f in dataclasses.fields(TrainConfig) if f.name not in _PLANNED}
-        return TrainConfig(tasks=tuple(self.tasks or ()), selection=self.selection or "val_ar",
-                           adapter=self.adapter_fields(), **kw)
+        """The library's TrainConfig (tasks / selection as configured; datasets.training_plan fills them in)."""
+        kw = {f.name: getattr(self, f.name) for _, f, adapter in config_fields()
+              if not adapter and f.name not in _PLANNED}
+        return TrainConfig.from_flat({**kw, "tasks": tuple(self.tasks or ()), "selection": self.selection or "val_ar",
+                                      "adapter": self.adapter_fields()})
 
     def adapter_fields(self) -> dict:
         """The default adapter (model.DEFAULT_ADAPTER) with the fields this config sets."""
-        return {**DEFAULT_ADAPTER, **{f.name: getattr(self, f.name) for f in dataclasses.fields(AAMConfig)
-                                      if f.name not in DERIVED_ADAPTER_FIELDS and getattr(self, f.name) is not None}}
+        return {**DEFAULT_ADAPTER, **{f.name: getattr(self, f.name) for _, f, adapter in config_fields()
+                                      if adapter and getattr(self, f.name) is not None}}
 
 
 AAMTrainingConfig = create_model(
     "AAMTrainingConfig", __base__=(dg.Config, _TrainingConfigMethods), __module__=__name__,
-    __doc__="How aam_model trains: splavu_core.aam.train.TrainConfig's fields and the adapter's "
-            "(splavu_core.aam.model.AAMConfig), with their defaults; plus which datasets serve which task.",
+    __doc__="How aam_model trains: splavu_core.aam.train.TrainConfig's fields (its erasure and loop sections flat, "
+            "each labelled) and the adapter's (splavu_core.aam.model.AAMConfig), with their defaults; plus which "
+            "datasets serve which task.",
     **_config_fields())
 
 
@@ -180,37 +173,37 @@ def _pair_matching_panel(ax, history: list[dict], diag: dict) -> None:
 @dg.asset(deps=["clip_latents", "static_latents"], group_name="anonymizer", kinds={"pytorch", "safetensors"},
           description="The AAM trained on cached clip + static latents (SPLAVU objectives). Never loads the encoder.")
 def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, store: StoreResource) -> dg.MaterializeResult:
-    fs = store.store()
-    plan = training_plan(fs, config.tasks, config.train_datasets(), config.selection)  # datasets by role
+    feature_store = store.store()
+    plan = training_plan(feature_store, config.tasks, config.train_datasets(), config.selection)  # datasets by role
     context.log.info(plan.summary())
-    data = load_training_data(fs, plan.datasets["ar"], plan.datasets["tad"], plan.datasets["ad"])
-    train_cfg = dataclasses.replace(config.train_config(), tasks=plan.tasks, selection=plan.selection)
+    data = load_training_data(feature_store, plan.datasets["ar"], plan.datasets["tad"], plan.datasets["ad"])
+    train_cfg = config.train_config().replace(tasks=plan.tasks, selection=plan.selection)
     t = time.perf_counter()
     adapter, acfg, summary = train_aam(data, train_cfg, log=context.log.info)
     fit_s = time.perf_counter() - t  # fits, loop and diagnostics: the closed form's work is all outside the loop
-    fingerprint = fs.encoder_fingerprint()
+    fingerprint = feature_store.encoder_fingerprint()
     version = adapter_version(adapter, acfg, fingerprint)  # content hash: same weights, same version
-    final = fs.loc("aam", version)
+    final = feature_store.loc("aam", version)
     save_adapter(adapter, acfg, final, fingerprint, extra={k: v for k, v in summary.items() if k != "history"},
-                 storage_options=getattr(fs.fs, "storage_options", None))
-    fs.fs.put_atomic(f"aam/{version}/history.json", (json.dumps(summary["history"]) + "\n").encode())
+                 storage_options=getattr(feature_store.files, "storage_options", None))
+    feature_store.files.put_atomic(f"aam/{version}/history.json", (json.dumps(summary["history"]) + "\n").encode())
     png = None
     if summary["history"]:  # a closed-form adapter (keep, no trained block) has no epochs to plot
         png = loss_curve_png(summary["history"], summary.get("diagnostics"), summary["selected_epoch"])
-        fs.fs.put_atomic(f"aam/{version}/loss_curves.png", png)
+        feature_store.files.put_atomic(f"aam/{version}/loss_curves.png", png)
     metrics = version_metrics(summary)
-    record_version(fs, version, {"encoder_fingerprint": fingerprint, "config": acfg.to_dict()},
+    record_version(feature_store, version, {"encoder_fingerprint": fingerprint, "config": acfg.to_dict()},
                    metrics, make_current=False)  # becomes current once its tables are published
-    costs.record(fs, "splavu", "train", version, summary["seconds"])
+    costs.record(feature_store, "splavu", "train", version, summary["seconds"])
     return dg.MaterializeResult(metadata={
         "version": version, "encoder_fingerprint": fingerprint, "path": dg.MetadataValue.path(str(final)),
         "fit": dg.MetadataValue.text(fit_description(summary, acfg.dim)),
         "fit_seconds": dg.MetadataValue.float(round(fit_s, 2)),
-        **(_training_metadata(summary, metrics, png, fs.loc("aam", version, "loss_curves.png"))
+        **(_training_metadata(summary, metrics, png, feature_store.loc("aam", version, "loss_curves.png"))
            if summary["history"] else {}),
         **_diagnostic_metadata(summary.get("diagnostics")),
         **_keep_metadata(summary.get("keep"), acfg.dim),
-        **_keep_family_metadata(fs),
+        **_keep_family_metadata(feature_store),
     })
 
 
@@ -258,10 +251,10 @@ def _keep_metadata(keep: dict | None, dim: int) -> dict:
     return md
 
 
-def _keep_family_metadata(fs) -> dict:
+def _keep_family_metadata(store) -> dict:
     """The keep family's curve and operating point on validation (benchmarks/keep_sweep.py), when measured."""
     try:
-        family = fs.fs.read_json("reports/keep_family.json")
+        family = store.files.read_json("reports/keep_family.json")
     except FileNotFoundError:
         return {}
     if family.get("split") != "val":  # an operating point is only ever chosen on validation videos
@@ -269,7 +262,7 @@ def _keep_family_metadata(fs) -> dict:
     md = {"keep_family_chosen_k": family["chosen_k"] or 0,
           "keep_family": dg.MetadataValue.json({k: family[k] for k in ("split", "seeds", "budget", "chosen_k")})}
     try:
-        png = fs.fs.read_bytes("reports/keep_family.png")
+        png = store.files.read_bytes("reports/keep_family.png")
         md["keep_family_curve"] = dg.MetadataValue.md(png_markdown(png, "keep family"))
     except FileNotFoundError:
         pass

@@ -59,8 +59,8 @@ def resolve_version(store: FeatureStore, requested: str = "") -> str:
         return newest_version(store)
     if requested not in known:
         meta_key = f"aam/{requested}/adapter.json"
-        if store.fs.isfile(meta_key):  # an adapter copied in by hand: name the real problem if it is another encoder's
-            have, want = store.fs.read_json(meta_key).get("encoder_fingerprint"), store.encoder_fingerprint()
+        if store.files.isfile(meta_key):  # an adapter copied in by hand: name the real problem if it is another encoder's
+            have, want = store.files.read_json(meta_key).get("encoder_fingerprint"), store.encoder_fingerprint()
             if have != want:
                 raise PublishError(f"adapter {adapter_dir(store, requested)} (version {requested}) was trained on latents of "
                                    f"encoder {have!r}, but the store {store.root} holds latents of encoder {want!r}; "
@@ -151,25 +151,25 @@ def anonymized_features(context: dg.AssetExecutionContext, config: AnonymizeConf
                         store: StoreResource) -> dg.MaterializeResult:
     if config.retention < 0:
         raise PublishError(f"retention must be >= 0 (0 keeps every version), got {config.retention}")
-    fs = store.store()
+    feature_store = store.store()
     shard = context.partition_key
-    version = resolve_version(fs, config.aam_version)
-    res = anonymize_shard(fs, shard, adapter_dir(fs, version))
+    version = resolve_version(feature_store, config.aam_version)
+    res = anonymize_shard(feature_store, shard, adapter_dir(feature_store, version))
     if not res["skipped"]:
-        costs.record(fs, "splavu", "anonymize", f"{version}/{shard}", res["seconds"], clips=res["rows"])
-    current, why = maybe_promote(fs, version)
+        costs.record(feature_store, "splavu", "anonymize", f"{version}/{shard}", res["seconds"], clips=res["rows"])
+    current, why = maybe_promote(feature_store, version)
     done = "already published, skipped" if res["skipped"] else f"published {res['rows']} rows"
     context.log.info(f"{shard}: AAM {version}: {done}; current: {current} ({why})")
     md = {"rows": res["rows"], "dim": res["dim"], "aam_version": version, "skipped": res["skipped"],
           "path": dg.MetadataValue.path(res["path"]), "seconds": round(res["seconds"], 3),
           "clips_per_s": dg.MetadataValue.float(round(res["rows"] / res["seconds"], 1)
                                                 if not res["skipped"] and res["seconds"] > 0 else 0.0),
-          "is_current": current, "current_version": current_version(fs) or "", "promotion": why}
+          "is_current": current, "current_version": current_version(feature_store) or "", "promotion": why}
     if "max_abs_change" in res:
         md["max_abs_change"] = float(res["max_abs_change"])
     if config.retention:
-        kept = apply_retention(fs, config.retention)
-        kept["indexes_pruned"] = prune_indexes(fs)  # a neighbour index goes with its version's tables
+        kept = apply_retention(feature_store, config.retention)
+        kept["indexes_pruned"] = prune_indexes(feature_store)  # a neighbour index goes with its version's tables
         md["retention"] = dg.MetadataValue.json(kept)
         if kept["deleted"]:
             context.log.info(f"retention (newest {config.retention}): deleted tables of {kept['deleted']}")

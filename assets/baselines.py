@@ -29,16 +29,17 @@ class PixelBaselineConfig(dg.Config):
 def pixel_baseline_latents(context: dg.AssetExecutionContext, config: PixelBaselineConfig, store: StoreResource,
                            encoder: EncoderResource) -> dg.MaterializeResult:
     name = context.partition_key
-    fs = store.store()
+    feature_store = store.store()
     if baseline_transform(name).needs_mask and config.mask_source in ("", "none"):
         why = (f"{name} transforms the person region and no person masks are configured: set mask_source to "
                f"'rendered' (synthetic benchmark) or 'hog' (OpenCV people detector)")
         context.log.warning(f"skipped: {why}")
         return dg.MaterializeResult(metadata={"skipped": True, "reason": why})
     pixel = PixelAnonymizer.named(name, config.mask_source)
-    datasets = config.datasets or [d for d in dict.fromkeys(task_datasets(fs).values()) if d in registered(fs)]
-    res = extract_baseline(fs, pixel, encoder.load(), encoder.sampling(), datasets, batch_size=encoder.batch_size,
-                           decode_threads=encoder.decode_threads, log=context.log.info)
+    datasets = config.datasets or [d for d in dict.fromkeys(task_datasets(feature_store).values())
+                                   if d in registered(feature_store)]
+    res = extract_baseline(feature_store, pixel, encoder.load(), encoder.sampling(), datasets,
+                           batch_size=encoder.batch_size, decode_threads=encoder.decode_threads, log=context.log.info)
     done = [s for s, how in res["shards"].items() if how == "extracted"]
     return dg.MaterializeResult(metadata={
         "skipped": False, "store": dg.MetadataValue.path(res["store"]), "encoder_fingerprint": res["fingerprint"],

@@ -31,15 +31,15 @@ def record_runs(store: FeatureStore, instance: dg.DagsterInstance, limit: int = 
     for rec in instance.get_run_records(limit=limit):
         run = rec.dagster_run
         key = f"runs/{run.run_id}.parquet"
-        if store.fs.isfile(key):
+        if store.files.isfile(key):
             try:
-                if store.fs.read_parquet(key, columns=["status"])["status"][0].as_py() in TERMINAL:
+                if store.files.read_parquet(key, columns=["status"])["status"][0].as_py() in TERMINAL:
                     continue  # final already
             except Exception:
                 pass  # unreadable: rewrite it
         row = {"run_id": run.run_id, "job": run.job_name, "status": run.status.value,
                "started_at": _ts(rec.start_time), "finished_at": _ts(rec.end_time)}
-        store.fs.write_parquet(key, pa.Table.from_pylist([row], schema=RUNS_SCHEMA))
+        store.files.write_parquet(key, pa.Table.from_pylist([row], schema=RUNS_SCHEMA))
         written += 1
     return written
 
@@ -48,10 +48,10 @@ def record_runs(store: FeatureStore, instance: dg.DagsterInstance, limit: int = 
           description="catalog.duckdb + each version's neighbour index (splavu_core.neighbors): views videos, clips, quarantine, anonymized_features (current AAM, FLOAT[D]), "
                       "anonymized_features_all, aam_versions, metrics, runs, storage. Open it read-only with duckdb.")
 def feature_catalog(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
-    fs = store.store()
-    n_runs = record_runs(fs, context.instance)
-    res = build_catalog(fs)
-    nn = refresh_indexes(fs)  # `splavu neighbors` reads these, not the Parquet tables
+    feature_store = store.store()
+    n_runs = record_runs(feature_store, context.instance)
+    res = build_catalog(feature_store)
+    nn = refresh_indexes(feature_store)  # `splavu neighbors` reads these, not the Parquet tables
     context.log.info(f"neighbour indexes written for {nn['written'] or 'no'} version(s), pruned {nn['pruned'] or 'none'}")
     context.log.info(f"catalog {res['path']}: AAM version {res['version']}, {sum(res['rows'].values())} rows in "
                      f"{len(res['rows'])} views ({res['seconds']:.2f} s)")

@@ -76,10 +76,10 @@ class EvalConfig(ProbeSettings):
     n_seeds: int = Field(default=5, description="probe seeds per metric (>= 5 for the report's intervals)")
 
 
-def _version(fs, requested: str) -> str:
-    version = requested or current_version(fs)
+def _version(store, requested: str) -> str:
+    version = requested or current_version(store)
     if not version:
-        raise dg.Failure(f"no current AAM version in {fs.root}: publish anonymized_features first "
+        raise dg.Failure(f"no current AAM version in {store.root}: publish anonymized_features first "
                          f"(or set aam_version in the config)")
     return version
 
@@ -88,29 +88,30 @@ def evaluate_tasks(context, store: StoreResource, config: EvalConfig, tasks: tup
     """Score `tasks` on raw, on the anonymized features of the (current) version and on every pixel baseline, with
     n_seeds probe seeds (config.seed, +1, ...) and a bootstrap over the test videos; paired changes against raw.
     Writes the metric rows (value, sd, ci_low, ci_high, chance, n_seeds)."""
-    fs = store.store()
-    version = _version(fs, config.aam_version)
-    datasets, kw = config.datasets(fs), config.probe_kwargs()
+    feature_store = store.store()
+    version = _version(feature_store, config.aam_version)
+    datasets, kw = config.datasets(feature_store), config.probe_kwargs()
     seeds = list(range(config.seed, config.seed + config.n_seeds))
-    sets = {RAW: load_feature_sets(fs, tasks, "raw", datasets=datasets),
-            SPLAVU: load_feature_sets(fs, tasks, "anonymized", version=version, datasets=datasets)}
+    sets = {RAW: load_feature_sets(feature_store, tasks, "raw", datasets=datasets),
+            SPLAVU: load_feature_sets(feature_store, tasks, "anonymized", version=version, datasets=datasets)}
     width = _width(sets[SPLAVU])
     # a projection to the published width, label-free: what narrowness alone removes (privacy and AR; TAD's
     # bootstrap would double the evaluation's cost for a row nobody gates on)
     if width and width < (_width(sets[RAW]) or 0) and set(tasks) & set(trivial.SCORED_TASKS):
-        fit_on = load_feature_sets(fs, trivial.TRAINING_TASKS, "raw", datasets=datasets)
+        fit_on = load_feature_sets(feature_store, trivial.TRAINING_TASKS, "raw", datasets=datasets)
         sets.update(trivial.baseline_sets(sets[RAW], trivial.training_clips(fit_on, datasets), width))
-    for name, bfs in existing_baselines(fs).items():  # pixel baselines: same probes on their own stores
-        stale = stale_shards(fs, bfs, [datasets[t] for t in tasks])
+    # pixel baselines: same probes on their own stores
+    for name, baseline_store in existing_baselines(feature_store).items():
+        stale = stale_shards(feature_store, baseline_store, [datasets[t] for t in tasks])
         if stale:
             context.log.warning(f"{name}: not scored: shards {stale} are missing or were extracted from other "
                                 f"manifests than the raw store's (materialise pixel_baseline_latents)")
             continue
-        sets[name] = load_feature_sets(bfs, tasks, "raw", datasets=datasets)
+        sets[name] = load_feature_sets(baseline_store, tasks, "raw", datasets=datasets)
     res = score_sets(sets, tasks, datasets, split="test", seeds=seeds, probe_kwargs=kw,
                      versions={SPLAVU: version}, log=context.log.info)
     rows = list(res)
-    paths = write_metric_rows(fs, rows) if rows else []
+    paths = write_metric_rows(feature_store, rows) if rows else []
     md = {"aam_version": version, "rows": len(rows), "seeds": dg.MetadataValue.json(seeds),
           "paths": dg.MetadataValue.json([str(p) for p in paths]), "skipped": dg.MetadataValue.json(res.skipped)}
     for r in rows:  # flat floats: Dagster plots them across materialisations
@@ -129,10 +130,10 @@ def evaluate_tasks(context, store: StoreResource, config: EvalConfig, tasks: tup
     return dg.MaterializeResult(metadata=md)
 
 
-def published_width(fs, version: str) -> int | None:
+def published_width(store, version: str) -> int | None:
     """The width of `version`'s published table (its adapter's keep k, else the latents' D)."""
     try:
-        cfg = fs.fs.read_json(f"aam/{version}/adapter.json")["config"]
+        cfg = store.files.read_json(f"aam/{version}/adapter.json")["config"]
     except FileNotFoundError:
         return None
     return int(cfg.get("keep") or cfg["dim"])
@@ -196,34 +197,34 @@ class ReportConfig(dg.Config):
           description="The paper's Table 1 on this store: raw vs splavu, relative change, leakage removed, "
                       "and the privacy-utility trade-off plot.")
 def privacy_utility_report(context: dg.AssetExecutionContext, config: ReportConfig, store: StoreResource):
-    fs = store.store()
-    version = _version(fs, config.aam_version)
-    raw_rows, anon_rows = read_metric_rows(fs, RAW, None), read_metric_rows(fs, SPLAVU, version)
+    feature_store = store.store()
+    version = _version(feature_store, config.aam_version)
+    raw_rows, anon_rows = read_metric_rows(feature_store, RAW, None), read_metric_rows(feature_store, SPLAVU, version)
     if not raw_rows or not anon_rows:
-        raise dg.Failure(f"no metric rows for {'raw' if not raw_rows else 'splavu ' + version} in {fs.loc('metrics')}: "
+        raise dg.Failure(f"no metric rows for {'raw' if not raw_rows else 'splavu ' + version} in {feature_store.loc('metrics')}: "
                          f"materialise the *_eval assets first")
-    baselines = existing_baselines(fs)
+    baselines = existing_baselines(feature_store)
     variants = {SPLAVU: anon_rows}
-    width = published_width(fs, version)
+    width = published_width(feature_store, version)
     for name in trivial.names(width) if width else []:
-        rows = read_metric_rows(fs, name, None)
+        rows = read_metric_rows(feature_store, name, None)
         if rows:
             variants[name] = rows
     for name in baselines:
-        b = read_metric_rows(fs, name, None)
+        b = read_metric_rows(feature_store, name, None)
         if b:
             variants[name] = b
         else:
             context.log.warning(f"{name}: its store has latents but no metric rows: materialise the *_eval assets")
-    report = build_report(fs.encoder_fingerprint(), version, raw_rows, variants)
+    report = build_report(feature_store.encoder_fingerprint(), version, raw_rows, variants)
     from splavu_core.ledger import current_version as _current
 
-    report["aam_version_is_current"] = version == _current(fs)
+    report["aam_version_is_current"] = version == _current(feature_store)
     report["probe_seeds"] = list(range(config.seed, config.seed + config.n_seeds))
-    report["costs"] = costs.compare(fs, version, eval_shards(fs, task_datasets(fs).values()),
-                                    {n: baselines[n] for n in variants if n in baselines})
+    shards = eval_shards(feature_store, task_datasets(feature_store).values())
+    report["costs"] = costs.compare(feature_store, version, shards, {n: baselines[n] for n in variants if n in baselines})
     report.update(costs.provenance())  # the results page names the commit and machine the numbers came from
-    paths = write_privacy_utility_report(fs, report)
+    paths = write_privacy_utility_report(feature_store, report)
     png = paths["png"].read_bytes()
     splavu = report["rows"][1]
     md = {"aam_version": version, "path": dg.MetadataValue.path(str(paths["json"])),
@@ -287,13 +288,13 @@ def published_version(context) -> str | None:
 
 def _gate(context, config: GateConfig, store: StoreResource, gate: str, **thresholds):
     """Evaluate both gates (cached measurement), record `gate`'s verdict in the ledger; (version, passed, why, out)."""
-    fs = store.store()
-    version = config.aam_version or published_version(context) or newest_version(fs)
+    feature_store = store.store()
+    version = config.aam_version or published_version(context) or newest_version(feature_store)
     if not version:
-        return None, False, f"no AAM version recorded in {fs.root}", None
-    out = evaluate_gates(fs, version, record=False, **thresholds, **config.gate_kwargs())
+        return None, False, f"no AAM version recorded in {feature_store.root}", None
+    out = evaluate_gates(feature_store, version, record=False, **thresholds, **config.gate_kwargs())
     passed, why = out[gate]
-    record_verdict(fs, version, gate, passed, why, split="val", **thresholds)
+    record_verdict(feature_store, version, gate, passed, why, split="val", **thresholds)
     context.log.info(f"{gate} gate on {version} (validation splits): {'passed' if passed else 'FAILED'}: {why}")
     return version, passed, why, out
 
@@ -397,10 +398,10 @@ def retention_verdict(report: dict, fraction: float, name: str = SPLAVU,
                             "interval below it), for every task, seen in training or not.")
 def utility_retention(context: dg.AssetCheckExecutionContext, config: UtilityRetentionConfig,
                       store: StoreResource) -> dg.AssetCheckResult:
-    fs = store.store()
+    feature_store = store.store()
     fraction = utility_fraction(config.fraction)
-    report = read_report(fs)
-    seen = seen_tasks(fs, report["aam_version"]) if report.get("aam_version") else None
+    report = read_report(feature_store)
+    seen = seen_tasks(feature_store, report["aam_version"]) if report.get("aam_version") else None
     passed, ret, fails = retention_verdict(report, fraction, seen=seen)
     md = {"fraction": fraction, "aam_version": report["aam_version"], "split": "test",
           "seen_tasks": dg.MetadataValue.json(seen),

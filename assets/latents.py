@@ -20,12 +20,12 @@ from splavu_core.datasets import dataset_of, registration, shard_rows, static_cl
 )
 def extracted_latents(context: dg.AssetExecutionContext, store: StoreResource, encoder: EncoderResource):
     shard = context.partition_key
-    fs = store.store()
-    manifest, rows = shard_rows(fs, shard, log=context.log.warning)
+    feature_store = store.store()
+    manifest, rows = shard_rows(feature_store, shard, log=context.log.warning)
     enc = encoder.load()
     sampling = encoder.sampling()
     prov = enc.provenance(sampling)
-    fs.claim(prov)  # refuses a store of another encoder before any work
+    feature_store.claim(prov)  # refuses a store of another encoder before any work
     mhash = manifest_hash(rows)
     t0 = time.perf_counter()
     step = max(1, len(rows) // 10)
@@ -37,22 +37,22 @@ def extracted_latents(context: dg.AssetExecutionContext, store: StoreResource, e
     def extract():
         return extract_shard(shard, rows, manifest.root, enc, sampling, batch_size=encoder.batch_size,
                              decode_threads=encoder.decode_threads, static_splits=encoder.static_splits_for(
-                                 dataset_of(shard), static_clips(registration(fs, dataset_of(shard)))),
+                                 dataset_of(shard), static_clips(registration(feature_store, dataset_of(shard)))),
                              log=context.log.warning, progress=progress)
 
     # another writer of this shard (another Dagster instance) goes first; then this one finds its commit and skips
-    marker, skipped = fs.produce_shard(shard, prov, mhash, extract, on_wait=context.log.warning)
+    marker, skipped = feature_store.produce_shard(shard, prov, mhash, extract, on_wait=context.log.warning)
     if skipped:
         context.log.info(f"{shard}: already extracted with this encoder and manifest; nothing to do")
     else:  # an erasure that ran while this extraction encoded (object stores only lock the commit) wins
-        marker = erase_raced(fs, shard, log=context.log.warning) or marker
+        marker = erase_raced(feature_store, shard, log=context.log.warning) or marker
     secs = time.perf_counter() - t0
     n_static = 0 if skipped else int(marker["static_videos"]) * sampling.static_k
     encoded = marker["clips"] + n_static  # throughput counts every clip through the encoder
     if not skipped:  # the cost ledger: what producing features from these videos took
-        costs.record(fs, "raw", "extract", shard, secs, videos=marker["videos"], clips=marker["clips"])
+        costs.record(feature_store, "raw", "extract", shard, secs, videos=marker["videos"], clips=marker["clips"])
     common = {"encoder_fingerprint": prov["encoder_fingerprint"], "skipped": skipped,
-              "path": dg.MetadataValue.path(str(fs.shard_dir(shard)))}
+              "path": dg.MetadataValue.path(str(feature_store.shard_dir(shard)))}
     yield dg.MaterializeResult(asset_key="clip_latents", metadata={
         **common, "clips": marker["clips"], "videos": marker["videos"], "dim": marker["dim"],
         "quarantined": marker["quarantined"],

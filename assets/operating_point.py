@@ -28,12 +28,12 @@ class KeepCurveConfig(dg.Config):
     mark_current: bool = Field(default=True, description="score the current AAM version beside the family")
 
 
-def published_k(fs: FeatureStore, version: str | None) -> int | None:
+def published_k(store: FeatureStore, version: str | None) -> int | None:
     """The width a version publishes: its keep stage's k; None for a version without one (or none at all)."""
     if not version:
         return None
     try:
-        k = fs.fs.read_json(f"aam/{version}/adapter.json")["config"].get("keep", 0)
+        k = store.files.read_json(f"aam/{version}/adapter.json")["config"].get("keep", 0)
     except FileNotFoundError:
         return None
     return int(k) or None
@@ -44,26 +44,26 @@ def published_k(fs: FeatureStore, version: str | None) -> int | None:
           description="The keep family's privacy-utility curve on validation videos and the width k both gates' "
                       "rules pick (the largest that passes); the current version marked.")
 def keep_family_curve(context: dg.AssetExecutionContext, config: KeepCurveConfig, store: StoreResource):
-    fs = store.store()
-    current = current_version(fs)
-    out, png = keep_curve(fs, config.ks, range(config.n_seeds),
+    feature_store = store.store()
+    current = current_version(feature_store)
+    out, png = keep_curve(feature_store, config.ks, range(config.n_seeds),
                           versions=[current] if config.mark_current and current else [], log=context.log.info)
     return dg.MaterializeResult(metadata={
-        "chosen_k": out["chosen_k"] or 0, "current_version": current or "", "current_k": published_k(fs, current) or 0,
+        "chosen_k": out["chosen_k"] or 0, "current_version": current or "", "current_k": published_k(feature_store, current) or 0,
         "budget": out["budget"], "floor": out["floor"], "seconds": out["seconds"],
         "table": dg.MetadataValue.md(curve_markdown(out)),
         "curve": dg.MetadataValue.md(png_markdown(png, "keep family")),
-        "path": dg.MetadataValue.path(str(fs.loc("reports", "keep_family.json")))})
+        "path": dg.MetadataValue.path(str(feature_store.loc("reports", "keep_family.json")))})
 
 
 @dg.asset_check(asset=keep_family_curve, blocking=False,
                 description="Warns when the current version publishes another width than the one this store's "
                             "validation curve picks, or when no width passes the privacy budget there.")
 def keep_width_matches_curve(context: dg.AssetCheckExecutionContext, store: StoreResource) -> dg.AssetCheckResult:
-    fs = store.store()
-    out = fs.fs.read_json("reports/keep_family.json")
-    current = current_version(fs)
-    chosen, k = out.get("chosen_k"), published_k(fs, current)
+    feature_store = store.store()
+    out = feature_store.files.read_json("reports/keep_family.json")
+    current = current_version(feature_store)
+    chosen, k = out.get("chosen_k"), published_k(feature_store, current)
     md = {"chosen_k": chosen or 0, "current_k": k or 0, "current_version": current or ""}
     if not chosen:
         why = (f"no width of {[m['k'] for m in out['members']]} passes both gates' rules on validation (privacy "

@@ -33,7 +33,7 @@ from splavu_core.store import FeatureStore
 from splavu_core.video import DecordVideo
 
 
-def encode_anchors(fs: FeatureStore, checkpoint: str, static_k: int, batch: int = 16) -> dict[str, np.ndarray]:
+def encode_anchors(store: FeatureStore, checkpoint: str, static_k: int, batch: int = 16) -> dict[str, np.ndarray]:
     """video_id -> (D,) mean of its static_k static clips, for every video of every committed shard."""
     enc = load_encoder(checkpoint, device="cpu")
     sampling = ClipSampling(static_k=static_k)
@@ -45,8 +45,8 @@ def encode_anchors(fs: FeatureStore, checkpoint: str, static_k: int, batch: int 
             for (vid, _), e in zip(chunk, enc.embed_clips([f for _, f in chunk])):
                 sums[vid] = sums.get(vid, 0.0) + e.astype(np.float64) / static_k
 
-    for shard in fs.committed_shards():
-        manifest, rows = shard_rows(fs, shard)
+    for shard in store.committed_shards():
+        manifest, rows = shard_rows(store, shard)
         for r in rows:
             v = DecordVideo(manifest.root / r["path"])
             frames = enc.preprocess.stage(v.frames(sampling.static_frames(v.info.n_frames))[:, None])  # (K, 1, ...)
@@ -70,18 +70,18 @@ def main():
                     help="add the trivial baselines of each width: pca_k and randproj_k on raw clips, and pca_k on "
                          "anchored clips (is the anchor alone doing the work?)")
     args = ap.parse_args()
-    fs = FeatureStore(args.store)
+    store = FeatureStore(args.store)
     t0 = time.perf_counter()
     cache = Path(args.static_cache) if args.static_cache else None
     if cache and cache.exists():
         z = np.load(cache)
         anchors = dict(zip(z["ids"].tolist(), z["anchors"]))
     else:
-        anchors = encode_anchors(fs, args.checkpoint, args.static_k)
+        anchors = encode_anchors(store, args.checkpoint, args.static_k)
         if cache:
             np.savez(cache, ids=np.array(list(anchors)), anchors=np.stack(list(anchors.values())))
     t_anchor = time.perf_counter() - t0
-    inp = load_inputs(fs)
+    inp = load_inputs(store)
 
     d = inp.data
     train_ids = [v.video_id for vs in (d.ar_train, d.tad_train, d.ad_train) for v in vs]
@@ -127,7 +127,7 @@ def main():
                     name = f"{label} {bname}".strip()
                     sets[name] = bset
                     members.append({"name": name, "k": k, "anchored": bool(f), "seen": [], "trivial": True})
-    score_family(fs, inp, sets, members, [], split="val", seeds=args.seeds)
+    score_family(store, inp, sets, members, [], split="val", seeds=args.seeds)
     for m in members:
         print(json.dumps(m), flush=True)
     print(json.dumps({"split": "val", "static_k": args.static_k, "videos_anchored": len(anchors),

@@ -85,9 +85,9 @@ def measure(name: str, workers: int, threads: int, data: Path, datasets: list[st
         cluster.close()
     from splavu_core.store import FeatureStore
 
-    fs = FeatureStore(root)
+    store = FeatureStore(root)
     k = EncoderResource().static_k  # static clips per training video
-    clips = sum(fs.committed(s)["clips"] + fs.committed(s)["static_videos"] * k for s in shards)
+    clips = sum(store.committed(s)["clips"] + store.committed(s)["static_videos"] * k for s in shards)
     return {"workers": workers, "torch_threads_per_worker": threads, "decode_threads_per_worker": threads,
             "shards": len(shards), "clips_encoded": clips, "seconds": round(secs, 2),
             "clips_per_s": round(clips / secs, 2), "startup_s": round(startup, 2)}

@@ -63,7 +63,7 @@ def main(argv=None):
         from splavu_core.store import FeatureStore
 
         store = FeatureStore(args.store)
-        if store.fs.read_json("store.json").get("weights_sha256") != enc.weights_hash:
+        if store.files.read_json("store.json").get("weights_sha256") != enc.weights_hash:
             raise SystemExit(f"{args.store} was extracted by another encoder ({store.encoder_fingerprint()})")
         by = {n: load_video_features(store, "raw", datasets=[n]) for n in ("ar", "privacy", "gait")}
         ar, priv, gait = by["ar"], by["privacy"], by["gait"]

@@ -43,14 +43,14 @@ def main():
     ap.add_argument("--seed", type=int, default=0, help="the held-out split of the pair matching")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="probe seeds")
     args = ap.parse_args()
-    fs = FeatureStore(args.store)
-    data = load_training_data(fs)
+    store = FeatureStore(args.store)
+    data = load_training_data(store)
     fit_idx, held_idx = heldout_split(len(data.static), 0.2, args.seed)
-    ds = task_datasets(fs)
-    sets = load_feature_sets(fs, args.tasks, "raw", datasets=ds)
+    ds = task_datasets(store)
+    sets = load_feature_sets(store, args.tasks, "raw", datasets=ds)
     ref: dict = {}  # raw is scored once, reused for every rank
     raw_rows = [r for r in score_sets({RAW: sets}, args.tasks, ds, seeds=args.seeds, reference_cache=ref)]
-    result = {"store": str(fs.root), "raw": scores(raw_rows),
+    result = {"store": str(store.root), "raw": scores(raw_rows),
               "raw_pair_matching": pair_matching_report(data.static, data.static_actions, fit_idx, held_idx),
               "erased": []}
     for rank in args.ranks:

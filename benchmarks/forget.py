@@ -65,14 +65,14 @@ def build(root: Path, clips: int, per_shard: int, dim: int) -> FeatureStore:
             "subject_id": [f"subject_{int(v[3:]) % subjects:06d}" for v in vids],
             "attr_skin": rng.integers(0, 2, len(vids))}))
         feats = rng.standard_normal((n, KEEP), np.float32)
-        store.fs.write_parquet(anonymized_key(VERSION, shard), _anonymized_table(index, feats, VERSION, FP))
+        store.files.write_parquet(anonymized_key(VERSION, shard), _anonymized_table(index, feats, VERSION, FP))
     record_version(store, VERSION, {"encoder_fingerprint": FP, "config": {"dim": dim, "keep": KEEP}}, {})
     write_index(store, VERSION)  # as feature_catalog does: `splavu neighbors` reads it
     return store
 
 
 def shard_bytes(store: FeatureStore) -> float:
-    sizes = [store.fs.size(f"latents/{s}") for s in store.committed_shards()]
+    sizes = [store.files.size(f"latents/{s}") for s in store.committed_shards()]
     return float(np.mean(sizes))
 
 
@@ -106,7 +106,7 @@ def main() -> None:
         store = build(root, args.clips, args.clips_per_shard, args.dim)
         built = time.perf_counter() - t0
         res = {"clips": args.clips, "dim": args.dim, "shards": len(store.committed_shards()),
-               "shard_bytes_mean": shard_bytes(store), "store_bytes": store.fs.size(""),
+               "shard_bytes_mean": shard_bytes(store), "store_bytes": store.files.size(""),
                "build_seconds": round(built, 1), "cpu": platform.processor() or platform.machine()}
         video = store.read_shard(store.committed_shards()[len(store.committed_shards()) // 2],
                                  with_static=False).index["video_id"][0].as_py()

@@ -24,7 +24,7 @@ from splavu_core.ledger import privacy_threshold, utility_fraction
 from splavu_core.store import FeatureStore
 
 
-def variant_sets(fs, data, raw, variants) -> tuple[dict, list[dict]]:
+def variant_sets(store, data, raw, variants) -> tuple[dict, list[dict]]:
     """Ablation variants (pipeline/ablations.py) trained in memory, e.g. the paper's objective or the oracle."""
     from pipeline.ablations import AblationConfig
     from splavu_core.aam.train import load_oracle_labels, train_aam
@@ -33,7 +33,7 @@ def variant_sets(fs, data, raw, variants) -> tuple[dict, list[dict]]:
     sets, marks = {}, []
     for variant in variants:
         vcfg = AblationConfig().variant_train_config(variant)
-        vdata = load_oracle_labels(fs, data) if vcfg.oracle else data
+        vdata = load_oracle_labels(store, data) if vcfg.loop.oracle else data
         adapter, _, _ = train_aam(vdata, vcfg, log=None)
         sets[variant] = {d: anonymize_videos(adapter, vs) for d, vs in raw.items()}
         marks.append({"name": variant, "seen": list(vcfg.tasks)})
@@ -62,26 +62,26 @@ def main():
     ap.add_argument("--recentre", nargs="*", choices=["on", "off"], default=[],
                     help="members with and/or without recentring (default: as the default adapter)")
     args = ap.parse_args()
-    fs = FeatureStore(args.store)
+    store = FeatureStore(args.store)
     cfg = TrainConfig(**{f"keep_{n}": v for n, v in (("w_motion", args.w_motion), ("w_dynamic", args.w_dynamic),
                                                              ("w_app", args.w_app))
                          if v is not None})
-    inp = load_inputs(fs, cfg)
+    inp = load_inputs(store, cfg)
     recentres = [r == "on" for r in args.recentre] or None
     t0 = time.perf_counter()
     if args.heldout_classes:
-        members = heldout_classes(fs, inp, args.k, args.heldout_classes, args.seeds, recentres, args.split)
+        members = heldout_classes(store, inp, args.k, args.heldout_classes, args.seeds, recentres, args.split)
         for m in members:
             print(json.dumps(m), flush=True)
         out = {"split": args.split, "seeds": args.seeds, "folds": args.heldout_classes, "members": members,
                "seconds": round(time.perf_counter() - t0, 1)}
-        (fs.root / "reports").mkdir(exist_ok=True)
-        (fs.root / "reports" / f"keep_heldout_classes_{args.split}.json").write_text(json.dumps(out, indent=1))
+        (store.root / "reports").mkdir(exist_ok=True)
+        (store.root / "reports" / f"keep_heldout_classes_{args.split}.json").write_text(json.dumps(out, indent=1))
         print(json.dumps({"seconds": out["seconds"]}), flush=True)
         return
-    vsets, marks = variant_sets(fs, inp.data, inp.raw, args.variant)
+    vsets, marks = variant_sets(store, inp.data, inp.raw, args.variant)
     if args.split == "val" and not args.seen and not args.ridge:  # the curve and its operating point, as the asset
-        out, _ = keep_curve(fs, args.k, args.seeds, versions=args.mark, budget=args.budget, floor=args.floor,
+        out, _ = keep_curve(store, args.k, args.seeds, versions=args.mark, budget=args.budget, floor=args.floor,
                             extra_sets=vsets, extra_marks=marks, inputs=inp, recentres=recentres)
         for m in out["marks"] + out["members"]:
             print(json.dumps(m), flush=True)
@@ -89,27 +89,27 @@ def main():
                           "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
         return
     sets, members = family_sets(inp, args.k, ridges=args.ridge, seens=args.seen, recentres=recentres)
-    raw_rows = score_family(fs, inp, {**sets, **vsets}, members, marks, args.mark, args.split, args.seeds)
+    raw_rows = score_family(store, inp, {**sets, **vsets}, members, marks, args.mark, args.split, args.seeds)
     for m in marks + members:
         print(json.dumps(m), flush=True)
     out = {"split": args.split, "seeds": args.seeds, "budget": args.budget, "floor": args.floor, "members": members,
            "marks": marks, "raw": raw_rows, "keep_w_motion": cfg.keep_w_motion, "keep_w_dynamic": cfg.keep_w_dynamic,
            "keep_w_app": cfg.keep_w_app,
            "seconds": round(time.perf_counter() - t0, 1)}
-    (fs.root / "reports").mkdir(exist_ok=True)
+    (store.root / "reports").mkdir(exist_ok=True)
     if args.seen:
         if args.split == "val":  # the shrinkage is chosen on validation only
             out["chosen_ridge"] = choose_ridge(members, args.budget)
             print(json.dumps({"chosen_ridge": out["chosen_ridge"]}), flush=True)
         stem = "keep_tasks_seen" if args.split == "test" else f"keep_tasks_seen_{args.split}"
-        (fs.root / "reports" / f"{stem}.json").write_text(json.dumps(out, indent=1))
+        (store.root / "reports" / f"{stem}.json").write_text(json.dumps(out, indent=1))
         return
     # a test-split run (or a ridge sweep) is a report written beside the validation curve; it chooses no k
     chosen = operating_point(members, args.budget, args.floor) if args.split == "val" else None
     out["chosen_k"] = chosen and chosen["k"]
     stem = f"keep_family_{args.split}" + ("_ridges" if args.ridge else "")
-    (fs.root / "reports" / f"{stem}.json").write_text(json.dumps(out, indent=1))
-    (fs.root / "reports" / f"{stem}.png").write_bytes(plot_png(members, chosen, marks))
+    (store.root / "reports" / f"{stem}.json").write_text(json.dumps(out, indent=1))
+    (store.root / "reports" / f"{stem}.png").write_bytes(plot_png(members, chosen, marks))
     print(json.dumps({"chosen_k": out["chosen_k"], "budget": args.budget, "split": args.split,
                       "seconds": out["seconds"]}), flush=True)
 

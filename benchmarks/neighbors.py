@@ -80,7 +80,7 @@ def write_store(root: Path, n: int, d: int, shards: int, kind: str) -> FeatureSt
             pa.FixedSizeListArray.from_arrays(pa.array(feats[s:e].reshape(-1), pa.float32()), d),
             pa.array([VERSION] * (e - s)), pa.array(["bench-encoder"] * (e - s)),
             pa.array(np.full(e - s, now), pa.timestamp("us", tz="UTC"))], schema=anonymized_schema(d))
-        store.fs.write_parquet(f"anonymized/{VERSION}/bench-{i:03d}.parquet", table)
+        store.files.write_parquet(f"anonymized/{VERSION}/bench-{i:03d}.parquet", table)
     record_version(store, VERSION, {"encoder_fingerprint": None, "config": {"dim": d}}, make_current=True)
     return store
 

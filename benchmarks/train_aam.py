@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 import torch
 
 import splavu_core.aam.train as lib
-from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
+from splavu_core.aam.train import LoopConfig, TrainConfig, load_training_data, train_aam
 from splavu_core.extract import decode_video
 from splavu_core.datasets import dataset_manifest, registered
 from splavu_core.sampling import ClipSampling
@@ -176,8 +176,7 @@ def epoch_reads(data, cfg: TrainConfig) -> ReadLog:
     """What one epoch of training reads (the fit, for a closed-form adapter): one observed run of train_aam, with
     epochs 1, no head pre-training (it reads no adapter output) and short diagnostics (excluded anyway)."""
     with observed(ReadLog(data)) as reads:
-        _, _, summary = train_aam(data, dataclasses.replace(cfg, epochs=1, pretrain_head_epochs=0, diagnose_steps=1),
-                                  log=None)
+        _, _, summary = train_aam(data, cfg.replace(epochs=1, pretrain_head_epochs=0, diagnose_steps=1), log=None)
     if not summary["history"]:  # closed form: the fit is the one pass (a trained adapter fits its keep stage once)
         reads.reads = reads.fit_reads
     if not reads.reads:
@@ -282,8 +281,8 @@ def adapter_step(data, cfg: TrainConfig, sub: dict, feats: dict, static_vids) ->
               "tad": any(v.meta.get("segments") for v in sub_data.tad_train),
               "ad": {v.meta.get("anomaly") for v in sub_data.ad_train} >= {0, 1}}
     tasks = tuple(t for t in cfg.tasks if usable[t])
-    step_cfg = dataclasses.replace(cfg, tasks=tasks, epochs=1, pretrain_head_epochs=1, heldout_fraction=0.0,
-                                   selection="val_ar" if "ar" in tasks and sub_data.ar_val else "last")
+    step_cfg = cfg.replace(tasks=tasks, epochs=1, pretrain_head_epochs=1, heldout_fraction=0.0,
+                           selection="val_ar" if "ar" in tasks and sub_data.ar_val else "last")
     t = time.perf_counter()
     train_aam(sub_data, step_cfg, log=None)
     return time.perf_counter() - t
@@ -295,22 +294,22 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--store", required=True, help="a store with the latents of the registered datasets ar/tad/ad")
     ap.add_argument("--epochs", type=int, default=60, help="cached training epochs (`make demo` trains 60)")
-    ap.add_argument("--batch", type=int, default=TrainConfig.batch, help="clips per step (TrainConfig.batch)")
+    ap.add_argument("--batch", type=int, default=LoopConfig.batch, help="clips per step (LoopConfig.batch)")
     ap.add_argument("--clips", type=int, default=256, help="clips decoded + encoded for the encoder-in-the-loop estimate")
     ap.add_argument("--checkpoint", help="encoder checkpoint (default: the store's provenance encoder_source)")
     ap.add_argument("--encoder-batch", type=int, default=16, help="clips per encoder call (extraction's default)")
     ap.add_argument("--device", default="auto", help="encoder device (the AAM always trains on the CPU)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--config", default="{}", help='other TrainConfig fields as JSON, e.g. \'{"adapter": {"keep": 14, '
-                    '"layers": 1}}\' (a trained block on the keep stage)')
+    ap.add_argument("--config", default="{}", help='other TrainConfig fields by flat name as JSON, e.g. '
+                    '\'{"adapter": {"keep": 14, "layers": 1}, "lr": 3e-3}\' (a trained block on the keep stage)')
     ap.add_argument("--verbose", action="store_true", help="training log on stderr")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     store = FeatureStore(args.store)
     prov = store.provenance()
-    cfg = TrainConfig(**{"epochs": args.epochs, "batch": args.batch, "seed": args.seed, **json.loads(args.config)})
+    cfg = TrainConfig.from_flat({"epochs": args.epochs, "batch": args.batch, "seed": args.seed, **json.loads(args.config)})
     log = (lambda s: print(s, file=sys.stderr)) if args.verbose else None
 
     # (a) cached latents, end to end (the encoder is not loaded yet)
@@ -323,7 +322,7 @@ def main(argv=None):
     train_s = time.perf_counter() - t
     closed_form = not summary["history"]
     loop_s = summary["seconds"]  # the epoch loop only (after the fits and the TAD / AD head pre-training)
-    cached_epoch_s = sum(fit_s.values()) if closed_form else loop_s / cfg.epochs  # closed form: the fit is its pass
+    cached_epoch_s = sum(fit_s.values()) if closed_form else loop_s / cfg.loop.epochs  # closed form: the fit is its pass
     reads = epoch_reads(data, cfg)
 
     # (b) encoder in the loop, on a subset, extrapolated per kind of clip
@@ -384,8 +383,8 @@ def main(argv=None):
                  "static_per_video": int(data.static.shape[1]), "classes": len(data.classes)},
         # the default (keep) adapter is closed form: no epoch loop; its "epoch" is the fit's one pass over what it reads
         "adapter_is_closed_form": closed_form,
-        "train_config": {"epochs": cfg.epochs, "batch": cfg.batch, "tasks": list(cfg.tasks),
-                         "pretrain_head_epochs": cfg.pretrain_head_epochs, "adapter": cfg.adapter},
+        "train_config": {"epochs": cfg.loop.epochs, "batch": cfg.loop.batch, "tasks": list(cfg.tasks),
+                         "pretrain_head_epochs": cfg.loop.pretrain_head_epochs, "adapter": cfg.adapter},
         "cached": {"seconds_end_to_end": round(load_s + train_s, 2), "load_latents_s": round(load_s, 2),
                    "train_aam_s": round(train_s, 2), "fits_s": round(sum(fit_s.values()), 4),
                    "outside_loop_s": round(train_s - loop_s, 2),  # fits, head pre-training, diagnostics
@@ -400,7 +399,7 @@ def main(argv=None):
             "adapter_steps_s": round(cached_epoch_s, 4), "subset_adapter_step_s": round(step_s, 4),
             "seconds_per_epoch": round(loop_epoch_s, 2),
             "seconds_per_epoch_if_decode_fully_overlapped": round(overlapped_s, 2),
-            "seconds_for_all_epochs": round(loop_epoch_s * (1 if closed_form else cfg.epochs), 1),
+            "seconds_for_all_epochs": round(loop_epoch_s * (1 if closed_form else cfg.loop.epochs), 1),
         },
         "ratio_encoder_in_loop_vs_cached_epoch": round(loop_epoch_s / cached_epoch_s, 1),
         "ratio_if_decode_fully_overlapped": round(overlapped_s / cached_epoch_s, 1),

@@ -5,7 +5,8 @@
     python docs/gen_reference.py --report PATH        # results.md from another report JSON
 
 cli.md comes from the `splavu` argparse parser (`pipeline.cli.build_parser`), configuration.md from the fields of
-`splavu_core.settings.Settings` (their `env`, `doc` and `unit` metadata). Both follow the code, so `--check` (run
+`splavu_core.settings.Settings` (their `env`, `doc` and `unit` metadata) and the training fields
+(`splavu_core.aam.train.config_fields`, their `doc` metadata). Both follow the code, so `--check` (run
 by tests/test_docs.py) fails when someone changes the code and forgets to regenerate them.
 
 results.md comes from a report JSON (`splavu evaluate`, `make demo`: store/reports/privacy_utility.json) and the gate
@@ -88,7 +89,7 @@ def render_configuration() -> str:
 
     fields = dataclasses.fields(s.Settings)
     out = [GENERATED, "# Configuration reference\n\n",
-           "splavu reads its settings from `SPLAVU_*` environment variables, and nowhere else. "
+           "splavu reads its deployment settings from `SPLAVU_*` environment variables, and nowhere else. "
            "`splavu_core/settings.py` parses them into one frozen object, `settings()`. "
            "An unset or empty variable keeps the default. A value that does not parse stops the command "
            "with an error that names the variable.\n\n",
@@ -106,7 +107,36 @@ def render_configuration() -> str:
                 f"- default: {_show_default(_default(f))}\n"]
         if md.get("unit"):
             out.append(f"- unit: {md['unit']}\n")
-    return "".join(out)
+    return "".join(out + render_training())
+
+
+def render_training() -> list[str]:
+    """The training fields, section by section as splavu_core.aam.train.config_fields orders them: the default
+    adapter's first, then those only the erasure stage or a trained adapter reads."""
+    from splavu_core.aam.model import DEFAULT_ADAPTER
+    from splavu_core.aam.train import SECTION_TITLES, config_fields
+
+    out = ["\n## Training configuration\n\n",
+           "What `aam_model` fits is set per run, not by the environment: `splavu train --config JSON` and the "
+           "Dagster launchpad take these fields by name, flat (`splavu_core/aam/train.py`: `TrainConfig`, its "
+           "`erasure` and `loop` sections, and the adapter's `AAMConfig` fields, marked *adapter*). The default "
+           "adapter is a closed-form fit: the first table is what it reads (`erase_fraction` 0 keeps the erasure "
+           "off). Left unset, `tasks` and "
+           "`selection` follow the data the store has registered (`splavu train` prints the plan).\n"]
+    sections: dict = {}
+    for section, f, adapter in config_fields():
+        sections.setdefault(section, []).append((f, adapter))
+    for section, rows in sections.items():
+        title = SECTION_TITLES[section]
+        out += [f"\n### {title[0].upper() + title[1:]}\n\n", "| field | type | default | description |\n",
+                "|---|---|---|---|\n"]
+        for f, adapter in rows:
+            default = DEFAULT_ADAPTER.get(f.name, f.default) if adapter else f.default
+            shown = ("from `erase_fraction`" if f.name == "erase_rank" else
+                     f"`{json.dumps(list(default))}`" if isinstance(default, tuple) else _show_default(default))
+            doc = ("*adapter*: " if adapter else "") + f.metadata["doc"]
+            out.append(f"| `{f.name}` | `{f.type}` | {shown} | {_cell(doc)} |\n")
+    return out
 
 
 # ---------------------------------------------------------------- results.md

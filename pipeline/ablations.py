@@ -20,7 +20,6 @@ Variants whose training config is identical (loss_all = tasks_all = wlc_<base w_
 train once: the result is cached per config in <root>/reports/ablations/by_config/.
 """
 
-import dataclasses
 import time
 
 import dagster as dg
@@ -106,13 +105,13 @@ class AblationConfig(AAMTrainingConfig, ProbeSettings):
         """tasks / selection: the base's when the config leaves them open (roles.training_plan's choice)."""
         if variant not in VARIANTS:
             raise ValueError(f"unknown ablation variant {variant!r}; choose from {list(VARIANTS)}")
-        base = dataclasses.replace(self.train_config(), pretrain_head_epochs=self.pretrain_head_epochs,
-                                   tasks=tuple(self.tasks if self.tasks is not None else tasks),
-                                   selection=self.selection or selection)
+        base = self.train_config().replace(pretrain_head_epochs=self.pretrain_head_epochs,
+                                           tasks=tuple(self.tasks if self.tasks is not None else tasks),
+                                           selection=self.selection or selection)
         delta = dict(VARIANTS[variant])
         if "adapter" in delta:  # a delta on the adapter's fields, not a replacement of all of them
             delta["adapter"] = {**base.adapter, **delta["adapter"]}
-        return dataclasses.replace(base, **delta)
+        return base.replace(**delta)
 
 
 # ---------------------------------------------------------------- library side (no dagster context needed)
@@ -120,9 +119,9 @@ class AblationConfig(AAMTrainingConfig, ProbeSettings):
 ABLATIONS = "reports/ablations"  # key of the ablation records in the store
 
 
-def _read_record(fs: FeatureStore, key: str) -> dict | None:
+def _read_record(store: FeatureStore, key: str) -> dict | None:
     try:
-        return fs.fs.read_json(key)
+        return store.files.read_json(key)
     except FileNotFoundError:
         return None
 
@@ -131,60 +130,60 @@ def _jsonable_rows(rows) -> list[dict]:
     return [{**r, "created_at": r["created_at"].isoformat()} for r in rows]
 
 
-def _eval_shards(fs: FeatureStore, datasets: dict[str, str]) -> list:
+def _eval_shards(store: FeatureStore, datasets: dict[str, str]) -> list:
 
     wanted = set(datasets.values())
-    return shard_hashes(fs, [s for s in fs.committed_shards() if dataset_of(s) in wanted])
+    return shard_hashes(store, [s for s in store.committed_shards() if dataset_of(s) in wanted])
 
 
 _RAW_SCORED: dict[str, dict] = {}  # raw_key -> task -> raw's (Scored, why): the variants of one process pair with it
 
 
-def _score(fs: FeatureStore, config: AblationConfig, sets: dict, raw_key: str, versions=None, log=None):
-    return score_sets(sets, TASKS, config.datasets(fs), split="test", seeds=config.seeds(),
+def _score(store: FeatureStore, config: AblationConfig, sets: dict, raw_key: str, versions=None, log=None):
+    return score_sets(sets, TASKS, config.datasets(store), split="test", seeds=config.seeds(),
                       probe_kwargs=config.probe_kwargs(), versions=versions, log=log,
                       reference_cache=_RAW_SCORED.setdefault(raw_key, {}))
 
 
-def raw_baseline(fs: FeatureStore, config: AblationConfig, raw=None, log=None) -> tuple[list[dict], str]:
+def raw_baseline(store: FeatureStore, config: AblationConfig, raw=None, log=None) -> tuple[list[dict], str]:
     """The raw latents' metric rows under these probe settings and seeds, cached; returns (rows, key)."""
-    datasets, kw = config.datasets(fs), config.probe_kwargs()
+    datasets, kw = config.datasets(store), config.probe_kwargs()
     key = config_key({"probe": kw, "seeds": config.seeds(), "scoring": "intervals", "datasets": datasets,
-                "shards": _eval_shards(fs, datasets), "fingerprint": fs.encoder_fingerprint()})
+                "shards": _eval_shards(store, datasets), "fingerprint": store.encoder_fingerprint()})
     path = f"{ABLATIONS}/raw/{key}.json"
-    if (hit := _read_record(fs, path)) is not None:
+    if (hit := _read_record(store, path)) is not None:
         return hit["metric_rows"], key
-    raw = raw if raw is not None else load_feature_sets(fs, TASKS, "raw", datasets=datasets)
-    rows = _score(fs, config, {RAW: raw}, key, log=log)
-    fs.fs.write_json(path, {"key": key, "metric_rows": _jsonable_rows(rows), "skipped": rows.skipped})
+    raw = raw if raw is not None else load_feature_sets(store, TASKS, "raw", datasets=datasets)
+    rows = _score(store, config, {RAW: raw}, key, log=log)
+    store.files.write_json(path, {"key": key, "metric_rows": _jsonable_rows(rows), "skipped": rows.skipped})
     return _jsonable_rows(rows), key
 
 
-def run_variant(fs: FeatureStore, variant: str, config: AblationConfig, log=None) -> dict:
+def run_variant(store: FeatureStore, variant: str, config: AblationConfig, log=None) -> dict:
     """Train the variant's AAM, anonymize the evaluation sets in memory, score it paired with raw; write and
     return its record."""
 
-    plan = training_plan(fs, config.tasks, config.train_datasets(), config.selection)
+    plan = training_plan(store, config.tasks, config.train_datasets(), config.selection)
     cfg = config.variant_train_config(variant, plan.tasks, plan.selection)
     train_datasets = [plan.available.get(t) for t in ("ar", "tad", "ad")]
-    datasets = config.datasets(fs)
-    raw = load_feature_sets(fs, TASKS, "raw", datasets=datasets)
-    raw_rows, raw_key = raw_baseline(fs, config, raw=raw, log=log)
-    train_cfg = dataclasses.asdict(cfg)
+    datasets = config.datasets(store)
+    raw = load_feature_sets(store, TASKS, "raw", datasets=datasets)
+    raw_rows, raw_key = raw_baseline(store, config, raw=raw, log=log)
+    train_cfg = cfg.flat()  # the stored layout: cached records of earlier runs keep their keys
     key = config_key({"train": train_cfg, "train_datasets": train_datasets,
                 "raw_key": raw_key})
     by_config = f"{ABLATIONS}/by_config/{key}.json"
-    if (hit := _read_record(fs, by_config)) is not None:
+    if (hit := _read_record(store, by_config)) is not None:
         rec = {**hit, "name": variant, "reused": True}
     else:
         t0 = time.perf_counter()
-        data = load_training_data(fs, *train_datasets)
-        if cfg.oracle:  # the labelled diagnostic: the one place training is given private-attribute labels
-            data = load_oracle_labels(fs, data)
+        data = load_training_data(store, *train_datasets)
+        if cfg.loop.oracle:  # the labelled diagnostic: the one place training is given private-attribute labels
+            data = load_oracle_labels(store, data)
         adapter, acfg, summary = train_aam(data, cfg, log=log)
-        version = adapter_version(adapter, acfg, fs.encoder_fingerprint())
+        version = adapter_version(adapter, acfg, store.encoder_fingerprint())
         anon = {ds: anonymize_videos(adapter, videos) for ds, videos in raw.items()}
-        rows = _score(fs, config, {RAW: raw, variant: anon}, raw_key, versions={variant: version}, log=log)
+        rows = _score(store, config, {RAW: raw, variant: anon}, raw_key, versions={variant: version}, log=log)
         rows_v = [r for r in rows if r["feature_set"] == variant]
         rec = {"name": variant, "key": key, "raw_key": raw_key, "aam_version": version, "train_config": train_cfg,
                "adapter_config": acfg.to_dict(), "selected_epoch": summary["selected_epoch"],
@@ -192,19 +191,19 @@ def run_variant(fs: FeatureStore, variant: str, config: AblationConfig, log=None
                "pair_matching": summary.get("diagnostics"), "seen_tasks": list(cfg.tasks),
                "seconds": round(time.perf_counter() - t0, 2), "metric_rows": _jsonable_rows(rows_v),
                "skipped": rows.skipped, "reused": False}
-        fs.fs.write_json(by_config, rec)
+        store.files.write_json(by_config, rec)
     rec["row"] = {**add_derived(report_row(RAW, raw_rows), report_row(variant, rec["metric_rows"])),
                   "seen_tasks": list(cfg.tasks)}
-    fs.fs.write_json(f"{ABLATIONS}/variants/{safe_name(variant)}.json", rec)
+    store.files.write_json(f"{ABLATIONS}/variants/{safe_name(variant)}.json", rec)
     return rec
 
 
-def collect_report(fs: FeatureStore, config: AblationConfig, log=None) -> tuple[dict, dict]:
+def collect_report(store: FeatureStore, config: AblationConfig, log=None) -> tuple[dict, dict]:
     """The ablation report from every variant record matching the current raw baseline; (report, status)."""
-    raw_rows, raw_key = raw_baseline(fs, config, log=log)
+    raw_rows, raw_key = raw_baseline(store, config, log=log)
     variants, seen, stale, missing = {}, {}, [], []
     for name in VARIANTS:
-        rec = _read_record(fs, f"{ABLATIONS}/variants/{safe_name(name)}.json")
+        rec = _read_record(store, f"{ABLATIONS}/variants/{safe_name(name)}.json")
         if rec is None:
             missing.append(name)
             continue
@@ -213,7 +212,7 @@ def collect_report(fs: FeatureStore, config: AblationConfig, log=None) -> tuple[
             continue
         variants[name] = rec["metric_rows"]
         seen[name] = rec.get("seen_tasks") or (rec.get("train_config") or {}).get("tasks")
-    report = build_report(fs.encoder_fingerprint(), "", raw_rows, variants)
+    report = build_report(store.encoder_fingerprint(), "", raw_rows, variants)
     for row in report["rows"][1:]:  # the tasks each variant was co-trained with: the tables mark seen / unseen
         if seen.get(row["name"]) is not None:
             row["seen_tasks"] = list(seen[row["name"]])
@@ -228,8 +227,8 @@ def collect_report(fs: FeatureStore, config: AblationConfig, log=None) -> tuple[
           kinds={"pytorch", "json"},
           description="One ablation variant: its own AAM from the cached latents, evaluated in memory (not published).")
 def ablation_variant(context: dg.AssetExecutionContext, config: AblationConfig, store: StoreResource):
-    fs = store.store()
-    rec = run_variant(fs, context.partition_key, config, log=context.log.info)
+    feature_store = store.store()
+    rec = run_variant(feature_store, context.partition_key, config, log=context.log.info)
     md = {"variant": rec["name"], "aam_version": rec["aam_version"], "reused": rec["reused"],
           "train_config": dg.MetadataValue.json(rec["train_config"]), "row": dg.MetadataValue.json(rec["row"]),
           "skipped": dg.MetadataValue.json(rec["skipped"])}
@@ -243,9 +242,9 @@ def ablation_variant(context: dg.AssetExecutionContext, config: AblationConfig, 
           description="Every ablation variant's row in <store>/reports/ablations.json (+ .md, .png).")
 def ablation_report(context: dg.AssetExecutionContext, config: AblationConfig, store: StoreResource):
 
-    fs = store.store()
-    report, status = collect_report(fs, config, log=context.log.info)
-    paths = write_ablation_report(fs, report, GROUPS)
+    feature_store = store.store()
+    report, status = collect_report(feature_store, config, log=context.log.info)
+    paths = write_ablation_report(feature_store, report, GROUPS)
     png = paths["png"].read_bytes()
     if status["stale"]:
         context.log.warning(f"left out variants scored on other latents or probe settings: {status['stale']}")

@@ -156,13 +156,13 @@ def cmd_train(args) -> int:
     return 0
 
 
-def _training_preflight(fs, cfg: dict) -> str:
+def _training_preflight(store, cfg: dict) -> str:
     """What training will use, checked before a Dagster run starts (so a missing task is one line, not a
     failed run): the one-line plan, or RoleError / StoreError saying what to do."""
-    plan = training_plan(fs, cfg.get("tasks"), {t: cfg.get(f"{t}_dataset", "") for t in ("ar", "tad", "ad")},
+    plan = training_plan(store, cfg.get("tasks"), {t: cfg.get(f"{t}_dataset", "") for t in ("ar", "tad", "ad")},
                          cfg.get("selection", ""))
-    shards = {s for d in plan.datasets.values() if d for s in registration(fs, d)["shards"]}
-    missing = sorted(s for s in shards if fs.committed(s) is None)
+    shards = {s for d in plan.datasets.values() if d for s in registration(store, d)["shards"]}
+    missing = sorted(s for s in shards if store.committed(s) is None)
     if missing:
         raise StoreError(f"no latents yet for shard(s) {missing}: run `splavu extract` first")
     return plan.summary()
@@ -260,7 +260,7 @@ def cmd_evaluate(args) -> int:
     print(f"scoring AAM version {version}: {state}; probe seeds {seed}..{seed + 4}", flush=True)
     res = r.run_evaluation(root, config={"aam_version": version, "seed": seed}, instance=r.instance())
     build_catalog(store)  # the metrics view now has files to read
-    print(store.fs.read_text("reports/privacy_utility.md"))
+    print(store.files.read_text("reports/privacy_utility.md"))
     print(f"scored AAM version {version} ({state})")
     for line in evaluation_notes(res):
         print(line)
@@ -324,7 +324,7 @@ def cmd_ablations(args) -> int:
     r = _runner()
     root = _store_root(args)
     r.run_ablations(root, variants=args.variants, epochs=args.epochs, instance=r.instance())
-    print(FeatureStore(root).fs.read_text("reports/ablations.md"))
+    print(FeatureStore(root).files.read_text("reports/ablations.md"))
     return 0
 
 
@@ -409,15 +409,15 @@ def cmd_demo(args) -> int:
     print(f"\n5/6 evaluating raw vs anonymized features [{time.perf_counter() - t0:.0f} s]")
     cmd_evaluate(argparse.Namespace(store=store.root, version=_demo_version(store.store()), seed=0))
     lap("evaluate")
-    fs = store.store()
-    demo = costs.record_demo(fs, stages, left_out, datasets=names, scale=args.scale, seed=args.seed)
-    _add_demo_to_report(fs, demo)
+    feature_store = store.store()
+    demo = costs.record_demo(feature_store, stages, left_out, datasets=names, scale=args.scale, seed=args.seed)
+    _add_demo_to_report(feature_store, demo)
     print("6/6 an analyst's query (read-only DuckDB catalog):")
     sql = ("SELECT task, metric, feature_set, round(value, 3) AS value FROM metrics "
            "WHERE metric IN ('top1', 'mAP', 'auc', 'cmap', 'leakage_removed') AND task IN ('ar', 'tad', 'ad', 'privacy') "
            "ORDER BY task, metric, feature_set")
     print(f"  splavu sql \"{sql}\"")
-    print(format_table(query(fs, sql)))
+    print(format_table(query(feature_store, sql)))
     print("\nstages (wall s): " + ", ".join(f"{k} {'—' if v is None else f'{v:.0f}'}" for k, v in demo["stages"].items()))
     print(f"done in {time.perf_counter() - t0:.0f} s; `splavu sql`, `splavu neighbors`, `dagster dev` to explore")
     return 0
@@ -439,24 +439,24 @@ def gate_seconds(out: dict) -> float | None:
     return max(0.0, sum(gated) - len(gated) * plain[len(plain) // 2])
 
 
-def _add_demo_to_report(fs, demo: dict) -> None:
+def _add_demo_to_report(store, demo: dict) -> None:
     """The report was written by the evaluate step, before the demo knew that step's time: add the demo's stages to
     its cost section now (the same report otherwise)."""
     # here: the report module imports torch, which the analysts' commands never need
     from splavu_core.evaluation.report import read_report, write_privacy_utility_report
 
     try:
-        report = read_report(fs)
+        report = read_report(store)
     except FileNotFoundError:
         return
     if report.get("costs") is not None:
         report["costs"]["demo"] = demo
-        write_privacy_utility_report(fs, report)
+        write_privacy_utility_report(store, report)
 
 
-def _demo_version(fs) -> str | None:
+def _demo_version(store) -> str | None:
     """The demo scores the current version, else (all refused) the newest, and says which."""
-    return current_version(fs) or newest_version(fs)
+    return current_version(store) or newest_version(store)
 
 
 def _catalog_store(args):
@@ -744,7 +744,7 @@ CREATES_STORE = ("synth", "ingest", "demo", "fail-run")  # every other command r
 
 
 def _require_store(root: str) -> None:
-    if not FeatureStore(root).fs.isdir(""):
+    if not FeatureStore(root).files.isdir(""):
         raise StoreError(f"no store at {root}: register a dataset first (splavu ingest NAME MANIFEST), "
                          f"or point --store / $SPLAVU_STORE at an existing store")
 

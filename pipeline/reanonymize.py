@@ -76,18 +76,18 @@ def _add_partitions(context, keys: list[str]) -> list:
                  description="A new aam_model materialisation re-anonymizes every registered shard with it. Writes "
                              "to the store, so it starts stopped: turn it on in the UI (Automation).")
 def reanonymize_on_new_aam(context: dg.SensorEvaluationContext, asset_event: dg.EventLogEntry, store: StoreResource):
-    fs = store.store()
+    feature_store = store.store()
     mat = asset_event.asset_materialization
-    version = mat.metadata["version"].value if mat and "version" in mat.metadata else newest_version(fs)
+    version = mat.metadata["version"].value if mat and "version" in mat.metadata else newest_version(feature_store)
     if version is None:
         return dg.SkipReason("aam_model was materialised but no AAM version is recorded in the store")
     try:
-        version = resolve_version(fs, version)
+        version = resolve_version(feature_store, version)
     except PublishError as e:  # e.g. an aam_model materialisation of another store
         return dg.SkipReason(str(e))
-    everything = registered_shards(fs)
-    todo = shards_lacking(fs, version, everything)
-    no_latents = [s for s in everything if fs.committed(s) is None]
+    everything = registered_shards(feature_store)
+    todo = shards_lacking(feature_store, version, everything)
+    no_latents = [s for s in everything if feature_store.committed(s) is None]
     if no_latents:
         context.log.info(f"{len(no_latents)} registered shard(s) have no latents yet; anonymize_new_shards "
                          f"takes them once extracted: {no_latents}")
@@ -109,15 +109,15 @@ def anonymize_new_shards(context: dg.SensorEvaluationContext, store: StoreResour
                                                   ascending=True)
     if not res.records:
         return dg.SkipReason("no new clip_latents materialisations")
-    fs = store.store()
-    versions = target_versions(fs)
+    feature_store = store.store()
+    versions = target_versions(feature_store)
     if not versions:  # reanonymize_on_new_aam covers these shards once the first AAM is trained
         return dg.SensorResult(skip_reason=dg.SkipReason("no AAM version recorded yet"), cursor=res.cursor)
     latest: dict[str, int] = {}
     for rec in res.records:
         if rec.partition_key:
             latest[rec.partition_key] = rec.storage_id
-    pairs = [(v, s) for v in versions for s in shards_lacking(fs, v, sorted(latest))]
+    pairs = [(v, s) for v in versions for s in shards_lacking(feature_store, v, sorted(latest))]
     if not pairs:
         return dg.SensorResult(skip_reason=dg.SkipReason(
             f"{len(latest)} shard(s) with new latents already published with {versions}"), cursor=res.cursor)
@@ -139,12 +139,12 @@ def build_reanonymize_schedule(cron: str | None = None,
                              "being rolled out). Off by default: turn it on in the UI or with "
                              "`dagster schedule start reanonymize_schedule`.")
     def reanonymize_schedule(context: dg.ScheduleEvaluationContext, store: StoreResource):
-        fs = store.store()
-        versions = target_versions(fs)
+        feature_store = store.store()
+        versions = target_versions(feature_store)
         if not versions:
             return dg.SkipReason("no AAM version recorded yet: materialise aam_model first")
         known = set(context.instance.get_dynamic_partitions(shards.name))
-        pairs = [(v, s) for v in versions for s in shards_lacking(fs, v) if s in known]
+        pairs = [(v, s) for v in versions for s in shards_lacking(feature_store, v) if s in known]
         if not pairs:
             return dg.SkipReason(f"every extracted shard has a complete table for {versions}")
         tick = context.scheduled_execution_time.strftime("%Y%m%dT%H%M") if context.scheduled_execution_time else ""

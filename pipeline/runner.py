@@ -106,9 +106,9 @@ def run_reanonymize(inst: dg.DagsterInstance, store: StoreResource, version: str
     one `reanonymize` run per shard as the job does, then `refresh_catalog`. Raises on the first failing shard.
     gates: run the blocking gate checks (privacy_budget, utility_budget) in every shard's run (True), in the last
     one only (None, default: by then the version is complete), or never (False). out["checks"] holds their verdicts."""
-    fs = store.store()
-    version = resolve_version(fs, version)
-    keys = shard_keys if shard_keys is not None else [s for s in registered_shards(fs) if fs.committed(s)]
+    feature_store = store.store()
+    version = resolve_version(feature_store, version)
+    keys = shard_keys if shard_keys is not None else [s for s in registered_shards(feature_store) if feature_store.committed(s)]
     _add_shards(inst, keys)
     out = {"version": version, "shards": {}}
     gate_names = tuple(k.name for c in GATE_CHECKS for k in c.check_keys)
@@ -181,7 +181,7 @@ def run_ablations(store, variants=None, epochs: int | None = None, config: dict 
     res = run_job(inst, "ablations", resource, assets=["ablation_report"], partition_key=names[-1],
                   run_config={"ops": {"ablation_report": {"config": cfg}}})
     assert res.success, "ablation_report failed"
-    return FeatureStore(root).fs.read_json("reports/ablations.json")
+    return FeatureStore(root).files.read_json("reports/ablations.json")
 
 
 def run_baselines(inst, store: StoreResource, encoder: EncoderResource, names, mask_source: str = "none",

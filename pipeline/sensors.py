@@ -29,11 +29,11 @@ def dataset_name(folder: Path) -> str:
            description="Registers each new folder under the inbox (videos + manifest.csv|parquet) as a dataset "
                        "and requests extraction of its shards. Writes to the store, so it starts stopped.")
 def inbox_sensor(context: dg.SensorEvaluationContext, store: StoreResource):
-    fs = store.store()
+    feature_store = store.store()
     inbox = Path(store.inbox_dir())
     if not inbox.is_dir():
         return dg.SkipReason(f"inbox {inbox} does not exist")
-    known = registered(fs)
+    known = registered(feature_store)
     new_keys, skipped = [], []
     for folder in sorted(p for p in inbox.iterdir() if p.is_dir()):
         manifest = find_manifest(folder)
@@ -42,7 +42,7 @@ def inbox_sensor(context: dg.SensorEvaluationContext, store: StoreResource):
             continue
         try:
             roles = folder / "roles.txt"  # e.g. "ar,privacy"; without it no task reads an inbox dataset
-            new_keys += register_dataset(fs, name, manifest, roles=roles.read_text().strip() if roles.is_file() else None)
+            new_keys += register_dataset(feature_store, name, manifest, roles=roles.read_text().strip() if roles.is_file() else None)
         except (ManifestError, StoreError) as e:
             skipped.append(f"{folder}: {e}")
     for s in skipped:

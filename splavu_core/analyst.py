@@ -29,20 +29,20 @@ class ReadOnlyError(CatalogError):
 
 def _view_sources(con, store: FeatureStore) -> list[str]:
     """Every path or glob the catalog's views read, plus the files each glob matches now: all an analyst may open."""
-    root = store.fs.duck_url("")
+    root = store.files.duck_url("")
     sql = " ".join(r[0] for r in con.sql("SELECT sql FROM duckdb_views() WHERE NOT internal AND sql IS NOT NULL")
                    .fetchall())
     found = {lit.replace("''", "'") for lit in re.findall(r"'((?:[^']|'')*)'", sql)}
     mine = sorted(u for u in found if u.startswith(root.rstrip("/") + "/"))
     keys = [u[len(root.rstrip("/")) + 1:] for u in mine]
-    matched = [k for key in keys if "*" in key for k in store.fs.match(key)]
+    matched = [k for key in keys if "*" in key for k in store.files.match(key)]
     if store.local:  # duck_url resolves links: check the names the views reach first
         real = os.path.realpath(store.root)
-        linked = [k for k in [*keys, *matched] if "*" not in k and os.path.realpath(store.fs.loc(k)) != os.path.join(real, k)]
+        linked = [k for k in [*keys, *matched] if "*" not in k and os.path.realpath(store.files.loc(k)) != os.path.join(real, k)]
         if linked:  # DuckDB matches a view's glob by name, so a link cannot just be left out: refuse the connection
             raise ReadOnlyError(f"the catalog is read-only for analysts over the store's own files, and "
-                                f"{store.fs.loc(linked[0])} is a symbolic link (it could point at private labels): refused")
-    return mine + [store.fs.duck_url(k) for k in matched]
+                                f"{store.files.loc(linked[0])} is a symbolic link (it could point at private labels): refused")
+    return mine + [store.files.duck_url(k) for k in matched]
 
 
 def _lock_down(con, store: FeatureStore) -> None:
@@ -77,7 +77,7 @@ def _connect(store: FeatureStore, read_only: bool = True):
     # answering from the replaced (stale) catalog file.
     con = duckdb.connect()
     try:
-        store.fs.register_duckdb(con)  # object stores: the views read through the store's fsspec filesystem
+        store.files.register_duckdb(con)  # object stores: the views read through the store's fsspec filesystem
         con.sql(f"ATTACH {sql_literal(p)} AS catalog{' (READ_ONLY)' if read_only else ''}")
         con.sql("USE catalog")
         if read_only:

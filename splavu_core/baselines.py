@@ -22,22 +22,22 @@ from .store import FeatureStore, StoreError
 
 
 def baseline_store(raw: FeatureStore, name: str) -> FeatureStore:
-    return FeatureStore(baseline_root(raw.root, name), storage_options=getattr(raw.fs, "storage_options", None))
+    return FeatureStore(baseline_root(raw.root, name), storage_options=getattr(raw.files, "storage_options", None))
 
 
 def existing_baselines(raw: FeatureStore) -> dict[str, FeatureStore]:
     """feature-set name (pixel_<name>) -> store, for every baseline store with committed latents
     of the same encoder as `raw`."""
     base = raw.encoder_fingerprint()
-    if base is None or not raw.fs.isdir("baselines"):
+    if base is None or not raw.files.isdir("baselines"):
         return {}
     out = {}
-    for name in sorted(raw.fs.listdir("baselines")):
+    for name in sorted(raw.files.listdir("baselines")):
         if not name.startswith("pixel_"):
             continue
-        fs = baseline_store(raw, name.removeprefix("pixel_"))
-        if fs.committed_shards() and fs.provenance().get("base_encoder_fingerprint") == base:
-            out[name] = fs
+        store = baseline_store(raw, name.removeprefix("pixel_"))
+        if store.committed_shards() and store.provenance().get("base_encoder_fingerprint") == base:
+            out[name] = store
     return out
 
 
@@ -73,27 +73,27 @@ def extract_baseline(raw: FeatureStore, pixel: PixelAnonymizer, encoder: FrozenE
         raise StoreError(f"the raw store {raw.root} belongs to encoder {raw.encoder_fingerprint()}, not "
                          f"{base_prov['encoder_fingerprint']}: a baseline must use the raw store's encoder")
     prov = pixel.provenance(base_prov)
-    fs = baseline_store(raw, pixel.name)
-    fs.claim(prov)  # refuses a store of another transform or encoder before any work
+    store = baseline_store(raw, pixel.name)
+    store.claim(prov)  # refuses a store of another transform or encoder before any work
     name = feature_set_name(pixel.name)
-    out = {"store": str(fs.root), "fingerprint": prov["encoder_fingerprint"], "shards": {}, "clips": 0,
+    out = {"store": str(store.root), "fingerprint": prov["encoder_fingerprint"], "shards": {}, "clips": 0,
            "videos": 0, "quarantined": 0, "seconds": 0.0}
     for ds in datasets:
         reg = regs[ds]
-        for shard in register_dataset(fs, ds, reg["manifest"], reg["shard_size"]):
-            manifest, rows = shard_rows(fs, shard)
-            write_shard_manifest(fs, shard)  # the labels the evaluation joins, as video_manifest writes them
+        for shard in register_dataset(store, ds, reg["manifest"], reg["shard_size"]):
+            manifest, rows = shard_rows(store, shard)
+            write_shard_manifest(store, shard)  # the labels the evaluation joins, as video_manifest writes them
             mhash = manifest_hash(rows)
-            done = fs.committed(shard)
+            done = store.committed(shard)
             if done and done["manifest_hash"] == mhash and done["encoder_fingerprint"] == prov["encoder_fingerprint"]:
                 out["shards"][shard] = "skipped"
                 continue
             t0 = time.perf_counter()
             data = extract_shard(shard, rows, manifest.root, encoder, sampling, batch_size=batch_size,
                                  decode_threads=decode_threads, static_splits=(), log=log, pixel=pixel)
-            marker = fs.write_shard(shard, data, prov, mhash)
+            marker = store.write_shard(shard, data, prov, mhash)
             secs = time.perf_counter() - t0
-            costs.record(fs, name, "extract", shard, secs, videos=marker["videos"], clips=marker["clips"])
+            costs.record(store, name, "extract", shard, secs, videos=marker["videos"], clips=marker["clips"])
             out["shards"][shard] = "extracted"
             out["seconds"] += secs
             for k in ("clips", "videos", "quarantined"):

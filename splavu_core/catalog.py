@@ -87,7 +87,7 @@ def catalog_dir(store: FeatureStore) -> Path:
         return store.root
     base = settings().catalog_dir or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "splavu", "catalogs")
-    url = store.fs.url
+    url = store.files.url
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", url)[:80] + "-" + hashlib.sha256(url.encode()).hexdigest()[:8]
     return Path(base) / name
 
@@ -137,10 +137,10 @@ def _parquet_view(con, name: str, store: FeatureStore, pattern: str | list[str] 
     {src} = the read_parquet(...) call. Returns the files matched."""
     if isinstance(pattern, list):
         files = pattern
-        arg = "[" + ", ".join(sql_literal(store.fs.duck_url(k)) for k in files) + "]"
+        arg = "[" + ", ".join(sql_literal(store.files.duck_url(k)) for k in files) + "]"
     else:
-        files = store.fs.match(pattern) if pattern else []  # like DuckDB's glob, but `*` skips hidden names (temp files)
-        arg = sql_literal(store.fs.duck_url(pattern)) if pattern else "''"
+        files = store.files.match(pattern) if pattern else []  # like DuckDB's glob, but `*` skips hidden names (temp files)
+        arg = sql_literal(store.files.duck_url(pattern)) if pattern else "''"
         pattern = store.loc(pattern) if pattern else None
     src = f"read_parquet({arg}, union_by_name=true, filename=true)"
     try:
@@ -189,7 +189,7 @@ def _classify(rel: Path) -> tuple[str, str | None, str | None]:
 
 def storage_table(store: FeatureStore) -> pa.Table:
     rows = []
-    for key, size in store.fs.walk(""):
+    for key, size in store.files.walk(""):
         kind, shard, version = _classify(Path(key))
         rows.append({"kind": kind, "shard": shard, "aam_version": version, "path": key, "bytes": size})
     rows.sort(key=lambda r: r["path"])
@@ -201,11 +201,11 @@ def storage_table(store: FeatureStore) -> pa.Table:
 def _feature_dim(store: FeatureStore, version: str | None) -> int | None:
     """D for FLOAT[D]: from a published file's schema, else the version's config, else a raw shard."""
     dirs = [anonymized_key(version)] if version else []
-    dirs += [anonymized_key(v) for v in store.fs.listdir("anonymized")]
+    dirs += [anonymized_key(v) for v in store.files.listdir("anonymized")]
     for d in dirs:
-        for f in sorted(store.fs.glob(d, ".parquet")):
+        for f in sorted(store.files.glob(d, ".parquet")):
             try:
-                t = store.fs.parquet_schema(f).field("feature").type
+                t = store.files.parquet_schema(f).field("feature").type
             except Exception:
                 continue
             if pa.types.is_fixed_size_list(t):
@@ -230,7 +230,7 @@ def _anonymized_views(con, store: FeatureStore, version: str | None, dim: int | 
     empty = _empty_select(schema, ("dataset", "shard"))
     current = f"{anonymized_key(version)}/*.parquet" if version else None  # None: no current version yet
     n_cur = _parquet_view(con, "anonymized_features", store, current, select, empty)
-    approved = [k for v in approved_versions(store) for k in store.fs.match(f"{anonymized_key(v)}/*.parquet")]
+    approved = [k for v in approved_versions(store) for k in store.files.match(f"{anonymized_key(v)}/*.parquet")]
     n_all = _parquet_view(con, "anonymized_features_all", store, approved, select, empty)
     return {"anonymized_features": n_cur, "anonymized_features_all": n_all}
 
@@ -300,7 +300,7 @@ def build_catalog(store: FeatureStore) -> dict:
     (files and rows per view). A view that does not read (e.g. a corrupted Parquet file) raises
     CatalogError naming it and leaves the old catalog in place."""
     t0 = time.perf_counter()
-    if not store.fs.isdir(""):
+    if not store.files.isdir(""):
         raise CatalogError(f"no store at {store.root.resolve() if store.local else store.root}")
     root = catalog_dir(store).resolve()
     root.mkdir(parents=True, exist_ok=True)
@@ -308,7 +308,7 @@ def build_catalog(store: FeatureStore) -> dict:
     _check_not_locked(target)
     _remove_stale_temps(root)
     store.migrate_private_labels()  # a store written before labels/ existed: its manifests still hold attr_*
-    store.fs.write_parquet("storage.parquet", storage_table(store))
+    store.files.write_parquet("storage.parquet", storage_table(store))
     version = current_version(store)
     dim = _feature_dim(store, version)
 
@@ -316,7 +316,7 @@ def build_catalog(store: FeatureStore) -> dict:
     try:
         con = duckdb.connect(str(tmp))
         try:
-            store.fs.register_duckdb(con)
+            store.files.register_duckdb(con)
             files = _create_views(con, store, version, dim)
             rows = {view: con.sql(f"SELECT count(*) FROM {view}").fetchall()[0][0] for view in files}
             con.sql("CHECKPOINT")

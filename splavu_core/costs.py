@@ -55,7 +55,7 @@ def _dir(feature_set: str, stage: str) -> str:
 def record(store: FeatureStore, feature_set: str, stage: str, key: str, seconds: float, **counts) -> dict:
     entry = {"feature_set": feature_set, "stage": stage, "key": key, "seconds": float(seconds), **counts,
              "recorded_at": datetime.now(timezone.utc).isoformat()}
-    store.fs.write_json(join(_dir(feature_set, stage), f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', key)}.json"), entry)
+    store.files.write_json(join(_dir(feature_set, stage), f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', key)}.json"), entry)
     return entry
 
 
@@ -66,13 +66,13 @@ def record_demo(store: FeatureStore, stages: dict[str, float | None], left_out: 
     assert not unknown, f"unknown demo stage(s) {sorted(unknown)}; choose from {DEMO_STAGES}"
     entry = {"stages": {s: (None if stages.get(s) is None else round(float(stages[s]), 1)) for s in DEMO_STAGES},
              "left_out": dict(left_out), **extra, "recorded_at": datetime.now(timezone.utc).isoformat()}
-    store.fs.write_json(DEMO, entry)
+    store.files.write_json(DEMO, entry)
     return entry
 
 
 def read_demo(store: FeatureStore) -> dict | None:
     try:
-        return store.fs.read_json(DEMO)
+        return store.files.read_json(DEMO)
     except FileNotFoundError:
         return None
 
@@ -80,9 +80,9 @@ def read_demo(store: FeatureStore) -> dict | None:
 def entries(store: FeatureStore, feature_set: str, stage: str) -> dict[str, dict]:
     """key -> entry of one feature set and stage."""
     d = _dir(feature_set, stage)
-    if not store.fs.isdir(d):
+    if not store.files.isdir(d):
         return {}
-    return {e["key"]: e for e in (store.fs.read_json(k) for k in sorted(store.fs.glob(d, ".json")))}
+    return {e["key"]: e for e in (store.files.read_json(k) for k in sorted(store.files.glob(d, ".json")))}
 
 
 def total(have: dict[str, dict], keys: Sequence[str]) -> tuple[float | None, list[str]]:

@@ -38,14 +38,14 @@ def registration_key(name: str) -> str:
 
 def _registration(store: FeatureStore, name: str) -> dict | None:
     try:
-        return store.fs.read_json(registration_key(name))
+        return store.files.read_json(registration_key(name))
     except FileNotFoundError:
         return None
 
 
 def registered(store: FeatureStore) -> dict[str, dict]:
-    return {key.rsplit("/", 1)[-1][:-len(".json")]: store.fs.read_json(key)
-            for key in sorted(store.fs.glob("datasets", ".json"))}
+    return {key.rsplit("/", 1)[-1][:-len(".json")]: store.files.read_json(key)
+            for key in sorted(store.files.glob("datasets", ".json"))}
 
 
 def registration(store: FeatureStore, name: str) -> dict:
@@ -310,7 +310,7 @@ def register_dataset(store: FeatureStore, name: str, manifest_path: str | os.Pat
                          f"choose another name for {reg['manifest']}")
     if back:  # only once nothing else can refuse the registration
         readmit(store, back, reason=f"--allow-forgotten on ingest of dataset {name}")
-    store.fs.put_atomic(registration_key(name), (json.dumps(reg, indent=1) + "\n").encode())
+    store.files.put_atomic(registration_key(name), (json.dumps(reg, indent=1) + "\n").encode())
     return shards
 
 

@@ -49,12 +49,12 @@ def now() -> datetime:
 
 def _salt(store: FeatureStore, create: bool) -> bytes | None:
     try:
-        return bytes.fromhex(store.fs.read_json(SALT_KEY)["salt"])
+        return bytes.fromhex(store.files.read_json(SALT_KEY)["salt"])
     except FileNotFoundError:
         if not create:
             return None
-    store.fs.put_if_absent(SALT_KEY, (json.dumps({"salt": secrets.token_hex(32)}) + "\n").encode())
-    return bytes.fromhex(store.fs.read_json(SALT_KEY)["salt"])
+    store.files.put_if_absent(SALT_KEY, (json.dumps({"salt": secrets.token_hex(32)}) + "\n").encode())
+    return bytes.fromhex(store.files.read_json(SALT_KEY)["salt"])
 
 
 def id_hashes(store: FeatureStore, video_ids, create: bool = False) -> dict[str, str]:
@@ -66,14 +66,14 @@ def id_hashes(store: FeatureStore, video_ids, create: bool = False) -> dict[str,
 
 
 def read_tombstones(store: FeatureStore) -> pa.Table:
-    if not store.fs.isfile(TOMBSTONES_KEY):
+    if not store.files.isfile(TOMBSTONES_KEY):
         return TOMBSTONE_SCHEMA.empty_table()
-    return store.fs.read_parquet(TOMBSTONES_KEY)
+    return store.files.read_parquet(TOMBSTONES_KEY)
 
 
 def forgotten(store: FeatureStore, video_ids) -> set[str]:
     """The ids among `video_ids` that were erased (have a tombstone)."""
-    if not store.fs.isfile(TOMBSTONES_KEY):
+    if not store.files.isfile(TOMBSTONES_KEY):
         return set()  # the common case: one stat, no hashing
     stones = set(read_tombstones(store)["id_hash"].to_pylist())
     return {v for v, h in id_hashes(store, video_ids).items() if h in stones}
@@ -87,7 +87,7 @@ def add_tombstones(store: FeatureStore, video_ids, request_id: str) -> int:
         if new:
             rows = pa.table({"id_hash": new, "request_id": [request_id] * len(new), "erased_at": [now()] * len(new)},
                             schema=TOMBSTONE_SCHEMA)
-            store.fs.write_parquet(TOMBSTONES_KEY, pa.concat_tables([have.cast(TOMBSTONE_SCHEMA), rows]))
+            store.files.write_parquet(TOMBSTONES_KEY, pa.concat_tables([have.cast(TOMBSTONE_SCHEMA), rows]))
     return len(new)
 
 
@@ -99,7 +99,7 @@ def readmit(store: FeatureStore, video_ids, reason: str) -> int:
         keep = [h not in hashes for h in have["id_hash"].to_pylist()]
         n = len(keep) - sum(keep)
         if n:
-            store.fs.write_parquet(TOMBSTONES_KEY, have.filter(pa.array(keep)))
+            store.files.write_parquet(TOMBSTONES_KEY, have.filter(pa.array(keep)))
     if n:
         request = f"readmit-{now().strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}"
         append_log(store, request, "readmit", reason, [{"layer": "tombstones", "rows_removed": n,
@@ -113,11 +113,11 @@ def append_log(store: FeatureStore, request_id: str, step: str, reason: str, row
     table = pa.Table.from_pylist([{"request_id": request_id, "step": step, "logged_at": at, "reason": reason, **r}
                                   for r in rows], schema=LOG_SCHEMA)
     key = join(LOG_DIR, f"{at.strftime('%Y%m%dT%H%M%S%f')}-{request_id}-{step}.parquet")
-    if not store.fs.put_if_absent(key, parquet_bytes(table)):
+    if not store.files.put_if_absent(key, parquet_bytes(table)):
         raise StoreError(f"erasure log {store.loc(key)} exists already: the log is append-only")
     return key
 
 
 def read_log(store: FeatureStore) -> pa.Table:
-    files = sorted(store.fs.glob(LOG_DIR, ".parquet"))
-    return pa.concat_tables([store.fs.read_parquet(f) for f in files]) if files else LOG_SCHEMA.empty_table()
+    files = sorted(store.files.glob(LOG_DIR, ".parquet"))
+    return pa.concat_tables([store.files.read_parquet(f) for f in files]) if files else LOG_SCHEMA.empty_table()

@@ -62,9 +62,9 @@ class ForgetError(StoreError):
 def _manifest_rows(store: FeatureStore) -> list[dict]:
     """Every stored manifest row: video_id, subject_id, split, path, shard, dataset root."""
     out = []
-    for key in sorted(store.fs.glob("manifests", ".parquet")):
+    for key in sorted(store.files.glob("manifests", ".parquet")):
         shard = key.rsplit("/", 1)[-1][:-len(".parquet")]
-        t = store.fs.read_parquet(key)
+        t = store.files.read_parquet(key)
         root = (t.schema.metadata or {}).get(b"dataset_root", b"").decode()
         cols = {c: t[c].to_pylist() if c in t.column_names else [None] * t.num_rows
                 for c in ("video_id", "subject_id", "split", "path")}
@@ -126,11 +126,11 @@ def _journal_key(request_id: str) -> str:
 
 
 def pending_requests(store: FeatureStore) -> list[str]:
-    return [k.rsplit("/", 1)[-1][:-len(".json")] for k in sorted(store.fs.glob(erasure.JOURNAL_DIR, ".json"))]
+    return [k.rsplit("/", 1)[-1][:-len(".json")] for k in sorted(store.files.glob(erasure.JOURNAL_DIR, ".json"))]
 
 
 def _save(store: FeatureStore, journal: dict) -> None:
-    store.fs.write_json(_journal_key(journal["request_id"]), journal)
+    store.files.write_json(_journal_key(journal["request_id"]), journal)
 
 
 def _checkpoint(store: FeatureStore, journal: dict, label: str) -> None:
@@ -170,7 +170,7 @@ def open_request(store: FeatureStore, targets: dict[str, dict], reason: str, sub
 def _refit_config(store: FeatureStore, version: str) -> dict:
     """The training config of `version` as aam_model's run config (the same fit, on what is left)."""
     try:
-        extra = store.fs.read_json(f"aam/{version}/adapter.json").get("extra", {})
+        extra = store.files.read_json(f"aam/{version}/adapter.json").get("extra", {})
     except FileNotFoundError:
         return {}
     tc = dict(extra.get("train_config") or {})
@@ -184,7 +184,7 @@ def _refit_config(store: FeatureStore, version: str) -> dict:
 def run_request(store: FeatureStore, request_id: str, log=print) -> dict:
     """Complete the journaled request (idempotent); returns the summary (receipt rows, check, refit needed)."""
     try:
-        journal = store.fs.read_json(_journal_key(request_id))
+        journal = store.files.read_json(_journal_key(request_id))
     except FileNotFoundError:
         raise ForgetError(f"no erasure request {request_id!r} in progress in {store.root}") from None
     ids, needles, shards, _ = request_targets(store, request_id)
@@ -222,7 +222,7 @@ def run_request(store: FeatureStore, request_id: str, log=print) -> dict:
     erasure.append_log(store, request_id, "erase", journal["reason"],
                        [{k: r.get(k) for k in erasure.LOG_SCHEMA.names if k in r} for r in receipt] +
                        [{"layer": "request", "item": journal["scope"], "rows_removed": len(ids), "note": note}])
-    store.fs.delete(_journal_key(request_id))
+    store.files.delete(_journal_key(request_id))
     return summary
 
 
@@ -239,9 +239,9 @@ def _handle_fitted(store: FeatureStore, journal: dict) -> list[dict]:
     rows = []
     for v in fitted:
         keys = [anonymized_key(v), f"aam/{v}", f"reports/gates/{v}.json"]
-        files = sum(len(store.fs.walk(k)) for k in keys)
+        files = sum(len(store.files.walk(k)) for k in keys)
         for k in keys:
-            store.fs.delete(k)
+            store.files.delete(k)
         shutil.rmtree(index_dir(store, v), ignore_errors=True)
         rows.append({"layer": "aam_version", "item": v, "files_removed": files,
                      "note": "fitted on erased videos: retired, tables, adapter, gate cache and neighbour index deleted"})
@@ -252,17 +252,17 @@ def _content_hash(store: FeatureStore, shard: str, marker: dict) -> str:
     """SHA-256 over a committed shard's data files (names and bytes; not the marker)."""
     base = store.shard_data_key(shard, marker)
     h = hashlib.sha256()
-    for key, _ in store.fs.walk(base):
+    for key, _ in store.files.walk(base):
         rel = key[len(base):].lstrip("/")
         if rel == "_COMMIT.json" or rel.startswith("attempts/"):
             continue
-        h.update(rel.encode() + b"\0" + hashlib.sha256(store.fs.read_bytes(key)).digest())
+        h.update(rel.encode() + b"\0" + hashlib.sha256(store.files.read_bytes(key)).digest())
     return h.hexdigest()
 
 
 def _data_bytes(store: FeatureStore, shard: str, marker: dict) -> int:
     base = store.shard_data_key(shard, marker)
-    return sum(s for k, s in store.fs.walk(base) if not k[len(base):].lstrip("/").startswith("attempts/"))
+    return sum(s for k, s in store.files.walk(base) if not k[len(base):].lstrip("/").startswith("attempts/"))
 
 
 def _keep_mask(column, ids: set) -> np.ndarray:
@@ -312,23 +312,23 @@ def erase_shard(store: FeatureStore, shard: str, ids: set, rows: list, checkpoin
                 open_row.update(bytes_written=_data_bytes(store, shard, marker),
                                 hash_after=_content_hash(store, shard, marker))
                 checkpoint()
-        for v in store.fs.listdir("anonymized"):
+        for v in store.files.listdir("anonymized"):
             key = anonymized_key(v, shard)
-            if store.fs.isfile(key):
+            if store.files.isfile(key):
                 rows += _filter_table(store, key, ids, "anonymized", f"{v}/{shard}")
         for layer, key in (("manifests", join("manifests", f"{shard}.parquet")), ("labels", labels_key(shard))):
-            if store.fs.isfile(key):
+            if store.files.isfile(key):
                 rows += _filter_table(store, key, ids, layer, shard)
 
 
 def _filter_table(store: FeatureStore, key: str, ids: set, layer: str, item: str) -> list[dict]:
-    t = store.fs.read_parquet(key)
+    t = store.files.read_parquet(key)
     keep = _keep_mask(t["video_id"], ids)
     if keep.all():
         return []
-    before = hashlib.sha256(store.fs.read_bytes(key)).hexdigest()
-    store.fs.write_parquet(key, t.filter(pa.array(keep)).replace_schema_metadata(t.schema.metadata))
-    after = store.fs.read_bytes(key)
+    before = hashlib.sha256(store.files.read_bytes(key)).hexdigest()
+    store.files.write_parquet(key, t.filter(pa.array(keep)).replace_schema_metadata(t.schema.metadata))
+    after = store.files.read_bytes(key)
     return [{"layer": layer, "item": item, "rows_removed": int((~keep).sum()), "bytes_written": len(after),
              "hash_before": before, "hash_after": hashlib.sha256(after).hexdigest()}]
 
@@ -370,20 +370,20 @@ def erase_caches(store: FeatureStore, ids: set, needles) -> list[dict]:
     """Every other table or report that names the videos: rows dropped (a video_id table) or the file deleted (a
     cache or report, which its producer writes again: gate caches, `splavu evaluate`'s reports)."""
     pat, rows = _Needles(needles), []
-    for key, _ in store.fs.walk(""):
+    for key, _ in store.files.walk(""):
         top = key.split("/", 1)[0]
         if top in SHARD_LAYERS or top in KEPT_OUT_OF_SWEEP or "/" not in key or top.startswith("."):
             continue
         if key.endswith(".parquet"):
-            t = store.fs.read_parquet(key)
+            t = store.files.read_parquet(key)
             hits = _string_hits(t, pat)
             if hits == ["video_id"]:
                 rows += _filter_table(store, key, ids, top, key)
             elif hits:
-                store.fs.delete(key)
+                store.files.delete(key)
                 rows.append({"layer": top, "item": key, "files_removed": 1, "note": "named erased videos: deleted"})
-        elif key.endswith(TEXT_SUFFIXES) and pat.search(store.fs.read_bytes(key)):
-            store.fs.delete(key)
+        elif key.endswith(TEXT_SUFFIXES) and pat.search(store.files.read_bytes(key)):
+            store.files.delete(key)
             rows.append({"layer": top, "item": key, "files_removed": 1, "note": "named erased videos: deleted"})
     return rows
 
@@ -426,11 +426,11 @@ def sweep(store: FeatureStore) -> list[dict]:
             rows.append({"layer": "sweep", "item": f"latents/.staging/{shard}", "files_removed": len(left)})
         return rows
     for shard in store.committed_shards():
-        if len(store.fs.listdir(join("latents", shard, "attempts"))) < 2:
+        if len(store.files.listdir(join("latents", shard, "attempts"))) < 2:
             continue  # nothing to sweep: no lease to take
         with store.rewriting(shard):
             marker = store.committed(shard)
-            if marker and len(store.fs.listdir(join("latents", shard, "attempts"))) > 1:
+            if marker and len(store.files.listdir(join("latents", shard, "attempts"))) > 1:
                 freed = store._gc_attempts(shard, keep={marker.get("data")})
                 rows.append({"layer": "sweep", "item": f"latents/{shard}/attempts", "bytes_written": 0,
                              "note": f"{freed} bytes of replaced attempts deleted"})
@@ -450,10 +450,10 @@ def former_vectors(store: FeatureStore, ids: set, shards) -> list[np.ndarray]:
             if k:
                 vids = np.asarray(data.static_index["video_id"].to_pylist()[::k], dtype=object)
                 out.append(data.static[np.isin(vids, list(ids))].reshape(-1, data.static.shape[2]))
-        for v in store.fs.listdir("anonymized"):
+        for v in store.files.listdir("anonymized"):
             key = anonymized_key(v, shard)
-            if store.fs.isfile(key):
-                t = store.fs.read_parquet(key)
+            if store.files.isfile(key):
+                t = store.files.read_parquet(key)
                 out.append(feature_matrix(t.filter(pa.array(~_keep_mask(t["video_id"], ids)))))
     return [np.asarray(a, np.float32) for a in out if len(a)]
 
@@ -502,12 +502,12 @@ def verify(store: FeatureStore, needles, former: list[np.ndarray], skip=()) -> d
     for a in former:
         by_dim.setdefault(a.shape[1], []).append(_unit(a))
     former_u = {d: np.concatenate(v) for d, v in by_dim.items()}
-    roots = [store.fs] + ([] if store.local else [open_root(catalog_dir(store))])
+    roots = [store.files] + ([] if store.local else [open_root(catalog_dir(store))])
     files = decoded = 0
     id_hits, vec_hits = [], []
     for fs in roots:
         for key, _ in fs.walk(""):
-            if fs is store.fs and key in skip:
+            if fs is store.files and key in skip:
                 continue
             files += 1
             where = f"{fs.url}/{key}"
@@ -570,7 +570,7 @@ def layer_totals(receipt: list[dict]) -> dict[str, dict]:
 
 def request_targets(store: FeatureStore, request_id: str) -> tuple[set, list, list, str]:
     """(video ids, ids and subjects to search for, shards, reason) of a journaled request."""
-    j = store.fs.read_json(_journal_key(request_id))
+    j = store.files.read_json(_journal_key(request_id))
     ids = set(j["videos"])
     return ids, sorted(ids | set(j["subjects"])), sorted({s for ss in j["videos"].values() for s in ss}), j["reason"]
 
@@ -579,7 +579,7 @@ def erase_raced(store: FeatureStore, shard: str, log=print) -> dict | None:
     """After an extraction's commit: erase the videos tombstoned since it read its rows (an erasure it raced on an
     object store, where only the commit is locked). Returns the new marker, or None when there were none."""
     key = store.shard_file(shard, "clips.parquet")
-    gone = erasure.forgotten(store, pc.unique(store.fs.read_parquet(key, columns=["video_id"])["video_id"]).to_pylist())
+    gone = erasure.forgotten(store, pc.unique(store.files.read_parquet(key, columns=["video_id"])["video_id"]).to_pylist())
     if not gone:
         return None
     erase_shard(store, shard, gone, [])

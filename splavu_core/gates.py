@@ -53,7 +53,7 @@ def seen_tasks(store: FeatureStore, version: str) -> list[str]:
     """The utility tasks `version` was co-trained with (its adapter.json's train_config.tasks); every utility task
     when that is not recorded."""
     try:
-        meta = store.fs.read_json(f"aam/{version}/adapter.json")
+        meta = store.files.read_json(f"aam/{version}/adapter.json")
     except FileNotFoundError:
         return list(UTILITY_TASKS)
     tc = _find(meta, "train_config")
@@ -63,7 +63,7 @@ def seen_tasks(store: FeatureStore, version: str) -> list[str]:
 
 def _is_oracle(store: FeatureStore, version: str) -> bool:
     try:
-        return bool(store.fs.read_json(f"aam/{version}/adapter.json")["config"].get("oracle"))
+        return bool(store.files.read_json(f"aam/{version}/adapter.json")["config"].get("oracle"))
     except FileNotFoundError:
         return False
 
@@ -80,7 +80,7 @@ def anonymized_for(store: FeatureStore, version: str, dataset: str, raw_videos):
         return load_video_features(store, source="anonymized", version=version, shards=shards), "published"
     adapter_dir = store.loc("aam", version)
     try:
-        adapter, _, meta = load_adapter(adapter_dir, storage_options=getattr(store.fs, "storage_options", None))
+        adapter, _, meta = load_adapter(adapter_dir, storage_options=getattr(store.files, "storage_options", None))
     except FileNotFoundError as e:
         raise ledger.PublishError(f"version {version}: no published {dataset} tables and no adapter at "
                                   f"{adapter_dir}") from e
@@ -113,8 +113,8 @@ def measure_gates(store: FeatureStore, version: str, base_seed: int = 0, n_seeds
     key = _key({"version": version, "shards": shard_state, "seeds": seeds, "probe": probe_kwargs or {},
                 "datasets": {t: ds[t] for t in which}, "fingerprint": store.encoder_fingerprint(), "protocol": 3})
     cache = f"reports/gates/{version}.json"
-    if use_cache and store.fs.isfile(cache):
-        hit = store.fs.read_json(cache)
+    if use_cache and store.files.isfile(cache):
+        hit = store.files.read_json(cache)
         if hit.get("key") == key:
             return {**hit["measure"], "cached": True}
     if "privacy" not in which:
@@ -167,7 +167,7 @@ def measure_gates(store: FeatureStore, version: str, base_seed: int = 0, n_seeds
     scored = {task: by_set["raw"].test_ids for task, by_set in res.scored.items() if "raw" in by_set}
     measure = {"version": version, "split": "val", "seeds": seeds, "privacy": privacy, "utility": utility,
                "seen_tasks": seen, "source": source, "rows": rows, "scored_videos": scored}
-    store.fs.write_json(cache, json.loads(json.dumps({"key": key, "measure": measure,
+    store.files.write_json(cache, json.loads(json.dumps({"key": key, "measure": measure,
                                                       "created_at": datetime.now(timezone.utc).isoformat()},
                                                      default=str)))
     return {**measure, "cached": False}

@@ -52,10 +52,10 @@ def versions_path(store: FeatureStore):
 
 def read_versions(store: FeatureStore) -> pa.Table:
     """aam_versions.parquet as a table with VERSIONS_SCHEMA (a file written before a column existed gets nulls)."""
-    if not store.fs.isfile(VERSIONS_KEY):
+    if not store.files.isfile(VERSIONS_KEY):
         return VERSIONS_SCHEMA.empty_table()
     try:
-        t = store.fs.read_parquet(VERSIONS_KEY)
+        t = store.files.read_parquet(VERSIONS_KEY)
     except Exception as e:
         raise PublishError(f"{versions_path(store)}: unreadable Parquet ({e})") from e
     for f in VERSIONS_SCHEMA:
@@ -68,7 +68,7 @@ def write_versions(store: FeatureStore, rows: list[dict]) -> pa.Table:
     # at most one current; none until a version is promoted (published everywhere and through both gates)
     assert sum(bool(r["is_current"]) for r in rows) <= 1, "more than one current AAM version"
     table = pa.Table.from_pylist([{k: r.get(k) for k in VERSIONS_SCHEMA.names} for r in rows], schema=VERSIONS_SCHEMA)
-    store.fs.write_parquet(VERSIONS_KEY, table)
+    store.files.write_parquet(VERSIONS_KEY, table)
     return table
 
 
@@ -136,7 +136,7 @@ def created_at(store: FeatureStore, version: str | None) -> datetime:
 
 def _read_json(store: FeatureStore, key: str, default):
     try:
-        return store.fs.read_json(key)
+        return store.files.read_json(key)
     except FileNotFoundError:
         return default
 
@@ -148,7 +148,7 @@ def promoted_versions(store: FeatureStore) -> dict[str, str]:
 def _mark_promoted(store: FeatureStore, version: str) -> None:
     done = promoted_versions(store)
     done[version] = _now().isoformat()
-    store.fs.write_json(PROMOTIONS_FILE, done)
+    store.files.write_json(PROMOTIONS_FILE, done)
 
 
 def refused_versions(store: FeatureStore) -> dict[str, dict]:
@@ -160,14 +160,14 @@ def record_refusal(store: FeatureStore, version: str, why: str) -> None:
     with store.lock("aam_refusals"):
         done = refused_versions(store)
         done[version] = {"why": why, "at": _now().isoformat()}
-        store.fs.write_json(REFUSALS_FILE, done)
+        store.files.write_json(REFUSALS_FILE, done)
 
 
 def clear_refusal(store: FeatureStore, version: str) -> None:
     with store.lock("aam_refusals"):
         done = refused_versions(store)
         if done.pop(version, None) is not None:
-            store.fs.write_json(REFUSALS_FILE, done)
+            store.files.write_json(REFUSALS_FILE, done)
 
 
 def read_verdicts(store: FeatureStore, version: str | None = None) -> dict:
@@ -182,7 +182,7 @@ def record_verdict(store: FeatureStore, version: str, gate: str, passed: bool, w
     with store.lock("aam_verdicts"):
         allv = read_verdicts(store)
         allv.setdefault(version, {})[gate] = json.loads(json.dumps(verdict, default=float))
-        store.fs.write_json(VERDICTS_FILE, allv)
+        store.files.write_json(VERDICTS_FILE, allv)
     return verdict
 
 
@@ -201,7 +201,7 @@ def _log(store: FeatureStore, action: str, version: str, previous: str | None, r
     log = ledger_log(store)
     log.append({"at": _now().isoformat(), "action": action, "version": version, "previous": previous,
                 "reason": reason})
-    store.fs.write_json(LOG_FILE, log)
+    store.files.write_json(LOG_FILE, log)
 
 
 def gates_passed(store: FeatureStore, version: str) -> tuple[bool, str]:
@@ -284,7 +284,7 @@ def retire_versions(store: FeatureStore, versions, why: str) -> str | None:
             write_versions(store, rows)
         done = promoted_versions(store)
         if versions & set(done):
-            store.fs.write_json(PROMOTIONS_FILE, {v: t for v, t in done.items() if v not in versions})
+            store.files.write_json(PROMOTIONS_FILE, {v: t for v, t in done.items() if v not in versions})
         for v in sorted(versions):
             record_refusal(store, v, why)
             _log(store, "retire", v, prev, why)

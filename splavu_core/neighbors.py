@@ -65,7 +65,7 @@ def index_dir(store: FeatureStore, version: str) -> Path:
 
 def _shard_files(store: FeatureStore, version: str) -> dict[str, int]:
     """shard -> byte size of its table: one listing, so checking an index's freshness reads no footer."""
-    return {key.rsplit("/", 1)[-1][:-len(".parquet")]: size for key, size in sorted(store.fs.walk(anonymized_key(version)))
+    return {key.rsplit("/", 1)[-1][:-len(".parquet")]: size for key, size in sorted(store.files.walk(anonymized_key(version)))
             if key.endswith(".parquet") and key.count("/") == 2 and not key.rsplit("/", 1)[-1].startswith(".")}
 
 
@@ -333,7 +333,7 @@ def _budget_reason(store: FeatureStore, version: str) -> str | None:
     if verdicts:
         return None
     try:  # a store gated before the ledger recorded verdicts: the cached privacy measurement
-        measure = store.fs.read_json(f"reports/privacy_budget/{version}.json")["measure"]
+        measure = store.files.read_json(f"reports/privacy_budget/{version}.json")["measure"]
     except (FileNotFoundError, KeyError, ValueError):
         return None
     ok, why = budget_verdict(measure, privacy_threshold())

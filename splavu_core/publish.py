@@ -143,7 +143,7 @@ def _load_checked_adapter(store: FeatureStore, adapter_dir):
     from .aam.io import load_adapter  # torch + safetensors only; never the encoder
 
     try:
-        adapter, cfg, meta = load_adapter(adapter_dir, storage_options=getattr(store.fs, "storage_options", None))
+        adapter, cfg, meta = load_adapter(adapter_dir, storage_options=getattr(store.files, "storage_options", None))
     except FileNotFoundError as e:
         raise PublishError(f"no AAM adapter at {adapter_dir} ({e}): train aam_model first") from e
     want, have = store.encoder_fingerprint(), meta.get("encoder_fingerprint")
@@ -197,7 +197,7 @@ def run_adapter(adapter, cfg, clips: np.ndarray, video_ids: np.ndarray, clip_ind
 def published_rows(store: FeatureStore, version: str, shard: str) -> int | None:
     """Rows of anonymized/<version>/<shard>.parquet from its footer; None when absent or unreadable."""
     try:
-        return store.fs.parquet_metadata(anonymized_key(version, shard)).num_rows
+        return store.files.parquet_metadata(anonymized_key(version, shard)).num_rows
     except Exception:  # absent or unreadable: treat as absent, it gets rewritten
         return None
 
@@ -234,7 +234,7 @@ def anonymize_shard(store: FeatureStore, shard: str, adapter_dir) -> dict:
 
         table = _anonymized_table(index, feats, version, fp)
         assert_no_raw_latents(table, clips)
-        store.fs.write_parquet(anonymized_key(version, shard), table)
+        store.files.write_parquet(anonymized_key(version, shard), table)
     change = {} if np.isnan(max_change) else {"max_abs_change": max_change}  # none for a narrower (keep) table
     return {**base, "rows": table.num_rows, **change, "seconds": time.perf_counter() - t0,
             "skipped": False}
@@ -253,7 +253,7 @@ def _anonymized_table(index: pa.Table, feats: np.ndarray, version: str, fp: str)
 
 def published_shards(store: FeatureStore, version: str) -> set[str]:
     """Shards with a file in anonymized/<version>/ (complete or not: see published_rows)."""
-    return {k.rsplit("/", 1)[-1][:-len(".parquet")] for k in store.fs.glob(anonymized_key(version), ".parquet")}
+    return {k.rsplit("/", 1)[-1][:-len(".parquet")] for k in store.files.glob(anonymized_key(version), ".parquet")}
 
 
 
@@ -273,18 +273,18 @@ def apply_retention(store: FeatureStore, keep: int) -> dict:
         for r in rows:
             v = r["version"]
             d = anonymized_key(v)
-            if v in kept or not store.fs.isdir(d):
+            if v in kept or not store.files.isdir(d):
                 continue
             for shard in sorted(published_shards(store, v)):
                 if shard not in raw and shard not in covered:
                     protected.append(f"{v}/{shard}")
                     covered.add(shard)  # one copy is enough
                     continue
-                freed += store.fs.delete(anonymized_key(v, shard))
-            if not store.fs.listdir(d):
-                store.fs.delete(d)
+                freed += store.files.delete(anonymized_key(v, shard))
+            if not store.files.listdir(d):
+                store.files.delete(d)
             deleted.append(v)
-    on_disk = {v for v in store.fs.listdir("anonymized") if store.fs.isdir(anonymized_key(v))}
+    on_disk = {v for v in store.files.listdir("anonymized") if store.files.isdir(anonymized_key(v))}
     return {"deleted": deleted, "kept": sorted(kept), "protected": protected, "bytes_freed": freed,
             "untracked": sorted(on_disk - recorded)}
 
@@ -306,7 +306,7 @@ def purge_raw_latents(store: FeatureStore, shards: list[str], version: str, *, a
         out = anonymized_path(store, version, shard)
         if commit is None:
             problems.append(f"{shard} (no committed raw latents)")
-        elif not store.fs.isfile(anonymized_key(version, shard)):
+        elif not store.files.isfile(anonymized_key(version, shard)):
             problems.append(f"{shard} (no anonymized table {out})")
         elif (n := published_rows(store, version, shard)) is None:
             problems.append(f"{shard} ({out} is not readable Parquet)")
@@ -323,7 +323,7 @@ def purge_raw_latents(store: FeatureStore, shards: list[str], version: str, *, a
 
 def _read_parquet(store: FeatureStore, key: str) -> pa.Table:
     try:
-        return store.fs.read_parquet(key)
+        return store.files.read_parquet(key)
     except Exception as e:
         raise PublishError(f"{store.loc(key)}: unreadable Parquet ({type(e).__name__}: {e})") from e
 
@@ -338,12 +338,12 @@ def _version_or_current(store: FeatureStore, version: str | None) -> str:
 def _anonymized_files(store: FeatureStore, version: str, shards=None) -> list[str]:
     """Keys of the anonymized tables of `version` (all, or those of `shards`)."""
     if shards is None:
-        files = sorted(store.fs.glob(anonymized_key(version), ".parquet"))
+        files = sorted(store.files.glob(anonymized_key(version), ".parquet"))
         if not files:
             raise PublishError(f"AAM version {version} has no anonymized tables in {anonymized_dir(store, version)}")
         return files
     files = [anonymized_key(version, s) for s in shards]
-    missing = [str(store.loc(k)) for k in files if not store.fs.isfile(k)]
+    missing = [str(store.loc(k)) for k in files if not store.files.isfile(k)]
     if missing:
         raise PublishError(f"AAM version {version}: missing anonymized tables {missing}")
     return files

@@ -81,7 +81,7 @@ class ShardLatents:
 
 
 def write_parquet_atomic(table: pa.Table, path: Path) -> None:
-    """A local Parquet file, replaced atomically (temp file + os.replace). Stores use store.fs.write_parquet."""
+    """A local Parquet file, replaced atomically (temp file + os.replace). Stores use store.files.write_parquet."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.part")
     pq.write_table(table, tmp, compression="zstd")
@@ -106,21 +106,21 @@ def split_private_labels(table: pa.Table) -> tuple[pa.Table, pa.Table | None]:
 
 class FeatureStore:
     def __init__(self, root: str | os.PathLike | None = None, storage_options: dict | None = None):
-        self.fs: StoreFS = open_root(root or default_root(), storage_options)
-        self.root = self.fs.loc()  # a Path for a local root (as before), the URL string for an object store
+        self.files: StoreFS = open_root(root or default_root(), storage_options)
+        self.root = self.files.loc()  # a Path for a local root (as before), the URL string for an object store
         self._fingerprint: str | None = None
 
     @property
     def local(self) -> bool:
-        return self.fs.local
+        return self.files.local
 
     def loc(self, *parts):
         """Where a key lives, for messages and tools: a Path (local root) or a URL string (object store)."""
-        return self.fs.loc(join(*parts))
+        return self.files.loc(join(*parts))
 
     def lock(self, name: str, on_wait=None):
         """Serialise read-modify-write of one small table of this store: flock locally, a lease on object stores."""
-        return self.fs.lock(name, on_wait=on_wait)
+        return self.files.lock(name, on_wait=on_wait)
 
     # ---------------------------------------------------------------- encoder identity
     @property
@@ -130,7 +130,7 @@ class FeatureStore:
     def encoder_fingerprint(self) -> str | None:
         if self._fingerprint is None:  # store.json never changes once written (first writer wins): cache it
             try:
-                self._fingerprint = self.fs.read_json("store.json")["encoder_fingerprint"]
+                self._fingerprint = self.files.read_json("store.json")["encoder_fingerprint"]
             except FileNotFoundError:
                 return None
         return self._fingerprint
@@ -142,7 +142,7 @@ class FeatureStore:
         if have is None:
             body = (json.dumps(provenance, indent=1, sort_keys=True) + "\n").encode()
             # first writer wins (link locally, If-None-Match on S3); a concurrent second one must agree with it
-            self.fs.put_if_absent("store.json", body)
+            self.files.put_if_absent("store.json", body)
             have = self.encoder_fingerprint()
         if have != fp:
             raise StoreError(f"store {self.root} holds latents of encoder {have}; refusing to append latents of "
@@ -155,13 +155,13 @@ class FeatureStore:
     def read_shard_manifest(self, shard: str) -> pa.Table:
         """The shard's manifest rows WITH their private attr_* labels (joined from labels/<shard>.parquet)."""
         key = join("manifests", f"{shard}.parquet")
-        if not self.fs.isfile(key):
+        if not self.files.isfile(key):
             raise StoreError(f"shard {shard!r} has no manifest at {self.loc(key)}: materialise video_manifest first")
-        table = self.fs.read_parquet(key)
+        table = self.files.read_parquet(key)
         lkey = labels_key(shard)
-        if not self.fs.isfile(lkey):
+        if not self.files.isfile(lkey):
             return table  # no private labels, or a store written before they were split off
-        labels = self.fs.read_parquet(lkey)
+        labels = self.files.read_parquet(lkey)
         at = pc.index_in(table["video_id"], value_set=labels["video_id"])
         if at.null_count:
             raise StoreError(f"{self.loc(lkey)} lacks rows of {at.null_count} video(s) of {self.loc(key)}: re-materialise "
@@ -176,18 +176,18 @@ class FeatureStore:
         manifest, which the next write (or the catalog build's migration) splits again."""
         public, labels = split_private_labels(table)
         if labels is not None:
-            self.fs.write_parquet(labels_key(shard), labels)
-        elif self.fs.isfile(labels_key(shard)):
-            self.fs.delete(labels_key(shard))
-        self.fs.write_parquet(join("manifests", f"{shard}.parquet"), public)
+            self.files.write_parquet(labels_key(shard), labels)
+        elif self.files.isfile(labels_key(shard)):
+            self.files.delete(labels_key(shard))
+        self.files.write_parquet(join("manifests", f"{shard}.parquet"), public)
 
     def migrate_private_labels(self) -> list[str]:
         """Split the attr_* columns out of manifests written before labels/ existed; returns the shards rewritten."""
         done = []
-        for key in self.fs.match("manifests/*.parquet"):
-            if any(n.startswith(PRIVATE_PREFIX) for n in self.fs.parquet_schema(key).names):
+        for key in self.files.match("manifests/*.parquet"):
+            if any(n.startswith(PRIVATE_PREFIX) for n in self.files.parquet_schema(key).names):
                 shard = key.rsplit("/", 1)[-1][:-len(".parquet")]
-                self.write_shard_manifest_table(shard, self.fs.read_parquet(key))
+                self.write_shard_manifest_table(shard, self.files.read_parquet(key))
                 done.append(shard)
         return done
 
@@ -197,13 +197,13 @@ class FeatureStore:
 
     def committed(self, shard: str) -> dict | None:
         try:
-            return self.fs.read_json(join("latents", shard, COMMIT_FILE))
+            return self.files.read_json(join("latents", shard, COMMIT_FILE))
         except FileNotFoundError:
             return None
 
     def committed_shards(self) -> list[str]:
-        return [s for s in self.fs.listdir("latents")
-                if not s.startswith(".") and self.fs.isfile(join("latents", s, COMMIT_FILE))]
+        return [s for s in self.files.listdir("latents")
+                if not s.startswith(".") and self.files.isfile(join("latents", s, COMMIT_FILE))]
 
     def shard_data_key(self, shard: str, marker: dict) -> str:
         """The key of the folder holding a committed shard's files: the shard folder, or the attempt its marker names."""
@@ -229,7 +229,7 @@ class FeatureStore:
 
     @contextmanager
     def _producing(self, shard: str, on_wait):
-        if not self.fs.local:
+        if not self.files.local:
             yield
             return
         with self.lock(f"produce-{shard}", on_wait=on_wait):
@@ -238,7 +238,7 @@ class FeatureStore:
     def write_shard(self, shard: str, data: ShardLatents, provenance: dict, manifest_hash: str) -> dict:
         """Write all of a shard and commit it atomically (see the module docstring); returns the marker."""
         marker = self._new_marker(shard, data, provenance, manifest_hash)
-        if self.fs.local:
+        if self.files.local:
             return self._commit_by_rename(shard, data, provenance, manifest_hash, marker)
         return self._commit_by_marker(shard, data, provenance, manifest_hash, marker)
 
@@ -260,7 +260,7 @@ class FeatureStore:
         with self._producing(shard, on_wait), self.lock(f"shard-{shard}", on_wait=on_wait):
             def commit(data: ShardLatents, provenance: dict, manifest_hash: str) -> dict:
                 marker = self._new_marker(shard, data, provenance, manifest_hash)
-                if self.fs.local:
+                if self.files.local:
                     return self._commit_by_rename_locked(shard, data, provenance, manifest_hash, marker)
                 marker = self._commit_by_marker_locked(shard, data, provenance, manifest_hash, marker)
                 self._gc_attempts(shard, keep={marker["data"]})
@@ -272,20 +272,20 @@ class FeatureStore:
         import zarr  # here: only latent arrays need it
 
         key = self.shard_data_key(shard, marker or self.committed(shard))
-        group = zarr.open_group(self.fs.zarr_store(join(key, "latents.zarr"), read_only=True), mode="r")
+        group = zarr.open_group(self.files.zarr_store(join(key, "latents.zarr"), read_only=True), mode="r")
         return dict(group.attrs["provenance"])
 
     def _write_files(self, key: str, shard: str, data: ShardLatents, provenance: dict, manifest_hash: str) -> None:
         import zarr  # here: only latent arrays need it (the catalog and CLI do not)
 
         n, d = data.clips.shape
-        group = zarr.open_group(self.fs.zarr_store(join(key, "latents.zarr")), mode="w", zarr_format=3)
+        group = zarr.open_group(self.files.zarr_store(join(key, "latents.zarr")), mode="w", zarr_format=3)
         group.attrs.update({"provenance": provenance, "shard": shard, "manifest_hash": manifest_hash})
         group.create_array("clips", data=data.clips, chunks=(min(max(n, 1), 1024), d))
         group.create_array("static", data=data.static, chunks=(min(max(len(data.static), 1), 256),) + data.static.shape[1:])
-        self.fs.write_parquet(join(key, "clips.parquet"), data.index)
-        self.fs.write_parquet(join(key, "static.parquet"), data.static_index)
-        self.fs.write_parquet(join(key, "quarantine.parquet"), data.quarantine)
+        self.files.write_parquet(join(key, "clips.parquet"), data.index)
+        self.files.write_parquet(join(key, "static.parquet"), data.static_index)
+        self.files.write_parquet(join(key, "quarantine.parquet"), data.quarantine)
 
     def _commit_by_rename(self, shard, data, provenance, manifest_hash, marker) -> dict:
         with self.lock(f"shard-{shard}"):  # writers of a shard take turns: what is in staging now is a dead one's
@@ -293,16 +293,16 @@ class FeatureStore:
 
     def _commit_by_rename_locked(self, shard, data, provenance, manifest_hash, marker) -> dict:
         staging_key = join("latents", ".staging")
-        staging_root = self.fs.loc(staging_key)
+        staging_root = self.files.loc(staging_key)
         staging_root.mkdir(parents=True, exist_ok=True)
         for stale in staging_root.glob(f"{shard}.*"):  # left by a killed writer of this shard
             shutil.rmtree(stale, ignore_errors=True)
         tmp_key = join(staging_key, f"{shard}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
-        tmp = self.fs.loc(tmp_key)
+        tmp = self.files.loc(tmp_key)
         tmp.mkdir()
         self._write_files(tmp_key, shard, data, provenance, manifest_hash)
         (tmp / COMMIT_FILE).write_text(json.dumps(marker, indent=1, sort_keys=True) + "\n")
-        final = self.fs.loc(join("latents", shard))
+        final = self.files.loc(join("latents", shard))
         if final.exists():  # replacing an older version of the shard: move it aside first
             old = staging_root / f"{shard}.old.{uuid.uuid4().hex[:8]}"
             os.rename(final, old)
@@ -323,24 +323,24 @@ class FeatureStore:
         attempt = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
         self._write_files(join(attempts, attempt), shard, data, provenance, manifest_hash)
         marker = {**marker, "data": join("attempts", attempt)}
-        self.fs.write_json(join("latents", shard, COMMIT_FILE), marker)  # the commit: one PUT
+        self.files.write_json(join("latents", shard, COMMIT_FILE), marker)  # the commit: one PUT
         return marker
 
     def _gc_attempts(self, shard: str, keep: set) -> int:
         """Delete the attempts of a shard not in `keep` (call with the shard's lease held); returns bytes freed."""
         attempts = join("latents", shard, "attempts")
-        return sum(self.fs.delete(join(attempts, a)) for a in self.fs.listdir(attempts)
+        return sum(self.files.delete(join(attempts, a)) for a in self.files.listdir(attempts)
                    if join("attempts", a) not in keep)
 
     def delete_shard(self, shard: str) -> int:
         """Delete a shard's raw latents; returns the bytes freed. On object stores the marker goes first, so
         readers never resolve a half-deleted shard."""
         key = join("latents", shard)
-        if self.fs.local:
-            return self.fs.delete(key)
+        if self.files.local:
+            return self.files.delete(key)
         with self.lock(f"shard-{shard}"):
-            freed = self.fs.delete(join(key, COMMIT_FILE))
-            return freed + self.fs.delete(key)
+            freed = self.files.delete(join(key, COMMIT_FILE))
+            return freed + self.files.delete(key)
 
     def read_shard(self, shard: str, with_static: bool = True) -> ShardLatents:
         for _ in range(READ_RETRIES):
@@ -352,10 +352,10 @@ class FeatureStore:
             try:
                 out = self._read_files(shard, key, with_static)
             except Exception:  # object store: was the attempt replaced and deleted while we read it?
-                if self.fs.local or self.committed(shard) == marker:
+                if self.files.local or self.committed(shard) == marker:
                     raise
                 continue
-            if self.fs.local or self.committed(shard) == marker:  # unchanged while we read: one generation
+            if self.files.local or self.committed(shard) == marker:  # unchanged while we read: one generation
                 if len(out.clips) != marker["clips"]:
                     raise StoreError(f"shard {shard!r}: {self.loc(key)} holds {len(out.clips)} clips, its marker "
                                      f"says {marker['clips']}")
@@ -365,19 +365,19 @@ class FeatureStore:
     def _read_files(self, shard: str, key: str, with_static: bool) -> ShardLatents:
         import zarr  # here: only latent arrays need it (the catalog and CLI do not)
 
-        group = zarr.open_group(self.fs.zarr_store(join(key, "latents.zarr"), read_only=True), mode="r")
+        group = zarr.open_group(self.files.zarr_store(join(key, "latents.zarr"), read_only=True), mode="r")
         fp = group.attrs["provenance"]["encoder_fingerprint"]
         if fp != self.encoder_fingerprint():
             raise StoreError(f"shard {shard!r} was written by encoder {fp}, but the store {self.root} belongs to "
                              f"{self.encoder_fingerprint()}")
         empty = np.zeros((0, 0, 0), np.float32)
-        return ShardLatents(clips=group["clips"][:], index=self.fs.read_parquet(join(key, "clips.parquet")),
+        return ShardLatents(clips=group["clips"][:], index=self.files.read_parquet(join(key, "clips.parquet")),
                             static=group["static"][:] if with_static else empty,
-                            static_index=self.fs.read_parquet(join(key, "static.parquet")),
-                            quarantine=self.fs.read_parquet(join(key, "quarantine.parquet")))
+                            static_index=self.files.read_parquet(join(key, "static.parquet")),
+                            quarantine=self.files.read_parquet(join(key, "quarantine.parquet")))
 
     def provenance(self) -> dict:
         try:
-            return self.fs.read_json("store.json")
+            return self.files.read_json("store.json")
         except FileNotFoundError:
             raise StoreError(f"{self.root} holds no latents yet (no store.json)") from None

@@ -1,4 +1,5 @@
 """Training the AAM from cached latents: objectives, refusals, determinism, the Dagster asset."""
+import dataclasses
 import json
 import re
 import subprocess
@@ -52,7 +53,7 @@ def toy_data(D=32, seed=0) -> TrainingData:
 def small_cfg(**kw):
     base = dict(epochs=3, batch=32, pretrain_head_epochs=2, heldout_fraction=0.0,
                 adapter={"layers": 1, "heads": 2, "sub_tokens": 4, "token_width": 16})
-    return TrainConfig(**{**base, **kw})
+    return TrainConfig.from_flat({**base, **kw})
 
 
 def test_joint_step_moves_adapter_and_is_deterministic():
@@ -235,3 +236,72 @@ def test_default_adapter_fit_reads_no_static_clip_beyond_the_diagnostics(tiny_st
         weights.append({n: t.clone() for n, t in adapter.state_dict().items()})
     for w in weights[1:]:
         assert w.keys() == weights[0].keys() and all(torch.equal(w[n], weights[0][n]) for n in w)
+
+
+# ---------------------------------------------------------------- the configuration: sections, flat names, records
+
+# TrainConfig's fields and defaults as stored before the sections (adapter.json's extra.train_config, the ablation
+# records and their cache keys): flat() must keep writing exactly this, so stored records and cache keys still match
+FLAT_RECORD = {
+    "tasks": ("ar", "tad", "ad"), "w_lc": 1.0, "w_ar": 1.0, "w_tad": 1.0, "w_ad": 1.0, "w_b": 1.0, "temperature": 0.1,
+    "lr": 1e-3, "head_lr": 1e-3, "epochs": 30, "batch": 128, "pretrain_head_epochs": 30, "seed": 0,
+    "selection": "val_ar", "adapter": {"keep": 14, "layers": 0, "mixer": "mlp", "recentre": True},
+    "privacy": "critic", "pairs": "both", "critic_steps": 2, "critic_hidden": 256, "critic_lr": 1e-3,
+    "erase_fraction": 0.0, "erase_w_action": 1.0, "erase_w_temporal": 0.0, "keep_w_motion": 1.0, "keep_w_app": 0.0,
+    "keep_tad_phases": 3, "keep_w_dynamic": 0.0, "keep_ridge": 0.3, "recentre_quantile": 0.8,
+    "heldout_fraction": 0.2, "diagnose_points": 4, "diagnose_steps": 300, "oracle": False}
+
+
+def test_flat_names_route_to_their_section_and_the_record_keeps_its_layout():
+    from splavu_core.evaluation.suite import config_key
+
+    cfg = TrainConfig()
+    assert cfg.flat() == FLAT_RECORD and config_key(cfg.flat()) == config_key(FLAT_RECORD)
+    assert TrainConfig.from_flat(FLAT_RECORD) == cfg  # a stored record reads back as the config it came from
+    c = TrainConfig.from_flat({"epochs": 5, "w_lc": 10.0, "keep_ridge": 0.1, "erase_fraction": 0.5})
+    assert (c.loop.epochs, c.loop.w_lc, c.keep_ridge, c.erasure.erase_fraction) == (5, 10.0, 0.1, 0.5)
+    assert c.replace(selection="last").loop == dataclasses.replace(c.loop, selection="last")
+    with pytest.raises(ValueError, match=r"unknown training field\(s\) \['epoch'\]; valid: tasks, seed"):
+        TrainConfig.from_flat({"epoch": 5})
+
+
+def test_the_dagster_config_shows_the_defaults_fields_first_and_labels_the_rest():
+    from assets.aam import AAMTrainingConfig, check_training_config
+
+    fields = AAMTrainingConfig.model_fields
+    names = list(fields)
+    assert names.index("keep_ridge") < names.index("erase_fraction") < names.index("epochs")
+    assert names.index("recentre") < names.index("erase_rank") < names.index("hidden")
+    assert fields["keep_ridge"].description.startswith("keep fit: shrinkage")  # the field's doc metadata
+    assert fields["epochs"].description.startswith("[trained adapters only] ")
+    assert fields["hidden"].description.startswith("adapter: [trained adapters only] ")
+    assert fields["erase_w_action"].description.startswith("[erasure stage, off by default] ")
+    assert not any(d.startswith("[") for n in names[:names.index("erase_fraction")] if (d := fields[n].description))
+    # the CLI's flat JSON, unchanged: each name lands in its section
+    cfg = AAMTrainingConfig(epochs=7, w_lc=10.0, keep=11, keep_ridge=0.2, erase_w_temporal=0.5).train_config()
+    assert (cfg.loop.epochs, cfg.loop.w_lc, cfg.adapter["keep"], cfg.keep_ridge, cfg.erasure.erase_w_temporal) == \
+        (7, 10.0, 11, 0.2, 0.5)
+    with pytest.raises(ValueError, match=r"unknown training field\(s\) \['erase_fraktion'\]"):
+        check_training_config({"erase_fraktion": 0.5})
+
+
+def test_the_default_adapter_reads_no_loop_or_erasure_fit_field():
+    """Every field of the erasure and loop sections but the erasure's switch changed: the default adapter's weights
+    and version stay; a field of its own (keep_ridge) changes them."""
+    from splavu_core.aam.io import adapter_version
+    from splavu_core.aam.train import config_fields
+
+    other = {"selection": "last", "epochs": 1, "batch": 7, "lr": 0.5, "head_lr": 0.5, "pretrain_head_epochs": 1,
+             "w_lc": 3.0, "w_ar": 0.0, "w_tad": 0.0, "w_ad": 0.0, "w_b": 0.0, "privacy": "ntxent",
+             "pairs": "static_static", "temperature": 1.0, "critic_steps": 1, "critic_hidden": 8, "critic_lr": 0.5,
+             "diagnose_points": 1, "erase_w_action": 0.0, "erase_w_temporal": 1.0}
+    assert set(other) == {f.name for s, f, adapter in config_fields() if s and not adapter} - {"erase_fraction"}
+    data = toy_data()
+    base = TrainConfig.from_flat({"heldout_fraction": 0.0})
+
+    def version(cfg):
+        adapter, acfg, summary = train_aam(data, cfg, log=None)
+        assert summary["keep"] is not None and not summary["history"]  # the closed-form default
+        return adapter_version(adapter, acfg, "fingerprint")
+
+    assert version(base.replace(**other)) == version(base) != version(base.replace(keep_ridge=0.01))

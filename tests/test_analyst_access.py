@@ -107,12 +107,12 @@ def test_object_store_connection_is_locked_down_too(tmp_path, monkeypatch):
     store.write_shard("ar-000", generation(1), {"encoder_fingerprint": "fp"}, "h")
     cat.build_catalog(store)
     assert analyst.query(store, "SELECT count(*) AS n FROM clips")["n"][0].as_py() == generation(1).index.num_rows
-    chunks = [k for k, _ in store.fs.walk("latents") if "/latents.zarr/clips/c/" in k]
-    for sql in (f"SELECT content FROM read_blob('{store.fs.duck_url(chunks[0])}')",
-                f"COPY (SELECT 1 AS x) TO '{store.fs.duck_url('manifests/x-999.parquet')}'"):
+    chunks = [k for k, _ in store.files.walk("latents") if "/latents.zarr/clips/c/" in k]
+    for sql in (f"SELECT content FROM read_blob('{store.files.duck_url(chunks[0])}')",
+                f"COPY (SELECT 1 AS x) TO '{store.files.duck_url('manifests/x-999.parquet')}'"):
         with pytest.raises(cat.CatalogError, match="read-only"):
             analyst.query(store, sql)
-    assert not store.fs.exists("manifests/x-999.parquet")
+    assert not store.files.exists("manifests/x-999.parquet")
 
 
 def test_missing_catalog_fix_names_the_store(tmp_path, capsys):

@@ -59,12 +59,13 @@ def test_pair_matching_sees_identity_and_its_removal():
     assert after["static_static"] < 0.3 and after["static_action"] < 0.3   # chance 1/32 ~ 0.03
 
 
-def _train(fs, **over):
+def _train(store, **over):
     from splavu_core.aam.io import adapter_version
     from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
 
-    adapter, acfg, summary = train_aam(load_training_data(fs, tad=None, ad=None), TrainConfig(**{**SMALL, **over}), log=None)
-    return adapter, acfg, summary, adapter_version(adapter, acfg, fs.encoder_fingerprint())
+    adapter, acfg, summary = train_aam(load_training_data(store, tad=None, ad=None), TrainConfig.from_flat({**SMALL, **over}),
+                                       log=None)
+    return adapter, acfg, summary, adapter_version(adapter, acfg, store.encoder_fingerprint())
 
 
 @pytest.fixture(scope="module")
@@ -90,11 +91,11 @@ def flip_private_labels(root) -> int:
 
 
 def test_training_never_reads_private_attribute_labels(store_copy):
-    fs = store_copy
-    _, _, summary, v1 = _train(fs)
-    changed = flip_private_labels(fs.root)
+    store = store_copy
+    _, _, summary, v1 = _train(store)
+    changed = flip_private_labels(store.root)
     assert changed >= 2, "the training datasets must carry attr_* labels for this test to mean anything"
-    _, _, summary2, v2 = _train(fs)
+    _, _, summary2, v2 = _train(store)
     assert v1 == v2, "the AAM version changed when only private-attribute labels changed"
     # the diagnostics ran and are in the summary
     d = summary["diagnostics"]
@@ -107,24 +108,25 @@ def test_oracle_is_refused_by_publish_and_promotion(store_copy):
     from splavu_core.aam.train import TrainConfig, TrainingDataError, load_oracle_labels, load_training_data, train_aam
     from splavu_core.publish import PublishError, anonymize_shard, record_version
 
-    fs = store_copy
-    data = load_training_data(fs, tad=None, ad=None)
+    store = store_copy
+    data = load_training_data(store, tad=None, ad=None)
     assert data.attributes is None and all(not k.startswith("attr_") for v in data.ar_train for k in v.meta)
+    oracle = TrainConfig.from_flat({**SMALL, "oracle": True})
     with pytest.raises(TrainingDataError, match="oracle"):
-        train_aam(data, TrainConfig(**{**SMALL, "oracle": True}), log=None)
-    adapter, acfg, _ = train_aam(load_oracle_labels(fs, data), TrainConfig(**{**SMALL, "oracle": True}), log=None)
+        train_aam(data, oracle, log=None)
+    adapter, acfg, _ = train_aam(load_oracle_labels(store, data), oracle, log=None)
     assert acfg.oracle
     from splavu_core.aam.io import adapter_version
 
-    fp = fs.encoder_fingerprint()
+    fp = store.encoder_fingerprint()
     version = adapter_version(adapter, acfg, fp)
-    save_adapter(adapter, acfg, fs.root / "aam" / version, fp)
-    record_version(fs, version, {"encoder_fingerprint": fp, "config": acfg.to_dict()}, make_current=False)
+    save_adapter(adapter, acfg, store.root / "aam" / version, fp)
+    record_version(store, version, {"encoder_fingerprint": fp, "config": acfg.to_dict()}, make_current=False)
     with pytest.raises(PublishError, match="oracle"):
-        anonymize_shard(fs, "ar-000", fs.root / "aam" / version)
+        anonymize_shard(store, "ar-000", store.root / "aam" / version)
     from splavu_core.gates import evaluate_gates
 
-    ok, why = evaluate_gates(fs, version, privacy_threshold=-1.0, record=False)["privacy"]
+    ok, why = evaluate_gates(store, version, privacy_threshold=-1.0, record=False)["privacy"]
     assert not ok and "oracle" in why
 
 

@@ -339,20 +339,21 @@ def trained(tiny_store, instance, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("trained") / "store"
     shutil.copytree(tiny_store, root, ignore=shutil.ignore_patterns(".*.lock"))
-    fs = FeatureStore(root)
-    cfg = TrainConfig(epochs=3, batch=64, pretrain_head_epochs=2, w_lc=1.0, lr=3e-3, adapter=SMALL_ADAPTER)
-    adapter, acfg, _ = train_aam(load_training_data(fs), cfg, log=None)
-    fp = fs.encoder_fingerprint()
+    store = FeatureStore(root)
+    cfg = TrainConfig.from_flat(dict(epochs=3, batch=64, pretrain_head_epochs=2, w_lc=1.0, lr=3e-3,
+                                     adapter=SMALL_ADAPTER))
+    adapter, acfg, _ = train_aam(load_training_data(store), cfg, log=None)
+    fp = store.encoder_fingerprint()
     version = adapter_version(adapter, acfg, fp)
     save_adapter(adapter, acfg, root / "aam" / version, fp)
-    record_version(fs, version, {"encoder_fingerprint": fp, "config": acfg.to_dict()}, make_current=False)
-    shards = fs.committed_shards()
+    record_version(store, version, {"encoder_fingerprint": fp, "config": acfg.to_dict()}, make_current=False)
+    shards = store.committed_shards()
     assert ANON_SHARD in shards and len(shards) > 2
     for shard in shards:
         if shard != ANON_SHARD:
-            anonymize_shard(fs, shard, root / "aam" / version)
-    measure_gates(fs, version, utility=False)                                 # the promotion gate's measurement
-    measure_gates(fs, version, utility=False, probe_kwargs={"privacy": {"epochs": 5}})  # the checks' (below)
+            anonymize_shard(store, shard, root / "aam" / version)
+    measure_gates(store, version, utility=False)                                 # the promotion gate's measurement
+    measure_gates(store, version, utility=False, probe_kwargs={"privacy": {"epochs": 5}})  # the checks' (below)
     instance.add_dynamic_partitions("shards", [s for s in shards if not instance.has_dynamic_partition("shards", s)])
     return root, version
 

@@ -43,16 +43,17 @@ def trained(tiny_store, tmp_path_factory):
     from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
     from splavu_core.publish import record_version
 
-    fs = _copy(tiny_store, tmp_path_factory.mktemp("trained") / "store")
-    cfg = TrainConfig(epochs=3, batch=64, pretrain_head_epochs=2, w_lc=1.0, lr=3e-3, adapter=SMALL_ADAPTER)
-    adapter, acfg, _ = train_aam(load_training_data(fs), cfg, log=None)
-    fp = fs.encoder_fingerprint()
+    store = _copy(tiny_store, tmp_path_factory.mktemp("trained") / "store")
+    cfg = TrainConfig.from_flat(dict(epochs=3, batch=64, pretrain_head_epochs=2, w_lc=1.0, lr=3e-3,
+                                     adapter=SMALL_ADAPTER))
+    adapter, acfg, _ = train_aam(load_training_data(store), cfg, log=None)
+    fp = store.encoder_fingerprint()
     from splavu_core.aam.io import adapter_version
 
     version = adapter_version(adapter, acfg, fp)
-    save_adapter(adapter, acfg, fs.root / "aam" / version, fp)
-    record_version(fs, version, {"encoder_fingerprint": fp, "config": acfg.to_dict()}, make_current=False)
-    return fs.root, version
+    save_adapter(adapter, acfg, store.root / "aam" / version, fp)
+    record_version(store, version, {"encoder_fingerprint": fp, "config": acfg.to_dict()}, make_current=False)
+    return store.root, version
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +62,11 @@ def published(trained, tmp_path_factory):
     from splavu_core.publish import anonymize_shard, set_current
 
     root, version = trained
-    fs = _copy(root, tmp_path_factory.mktemp("published") / "store")
-    for shard in fs.committed_shards():
-        anonymize_shard(fs, shard, fs.root / "aam" / version)
-    set_current(fs, version)
-    return fs.root, version
+    store = _copy(root, tmp_path_factory.mktemp("published") / "store")
+    for shard in store.committed_shards():
+        anonymize_shard(store, shard, store.root / "aam" / version)
+    set_current(store, version)
+    return store.root, version
 
 
 def _stand_in_anonymized():
@@ -77,9 +78,9 @@ def _stand_in_anonymized():
     def anonymized_features(context: dg.AssetExecutionContext, store: StoreResource):
         from splavu_core.publish import anonymize_shard
 
-        fs = store.store()
-        version = suite.newest_version(fs)
-        out = anonymize_shard(fs, context.partition_key, fs.root / "aam" / version)
+        feature_store = store.store()
+        version = suite.newest_version(feature_store)
+        out = anonymize_shard(feature_store, context.partition_key, feature_store.root / "aam" / version)
         return dg.MaterializeResult(metadata={"version": version, "rows": out["rows"]})
 
     return anonymized_features
@@ -130,17 +131,17 @@ def test_report_from_rows_hand_checked():
 
 
 def test_metric_rows_file_merges_by_task(tmp_path):
-    fs = FeatureStore(tmp_path)
+    store = FeatureStore(tmp_path)
     first = _rows("raw", None, ar_top1=0.5, tad_map=0.4)
-    p, = suite.write_metric_rows(fs, first)
+    p, = suite.write_metric_rows(store, first)
     assert p == tmp_path / "metrics" / "raw-raw.parquet"
     t = pq.read_table(p)
     assert t.schema == METRICS_SCHEMA and t.num_rows == 2
-    suite.write_metric_rows(fs, _rows("raw", None, ar_top1=0.6))  # re-evaluating AR replaces only AR
-    got = {(r["task"], r["metric"]): r["value"] for r in suite.read_metric_rows(fs, "raw", None)}
+    suite.write_metric_rows(store, _rows("raw", None, ar_top1=0.6))  # re-evaluating AR replaces only AR
+    got = {(r["task"], r["metric"]): r["value"] for r in suite.read_metric_rows(store, "raw", None)}
     assert got == {("ar", "top1"): 0.6, ("tad", "mAP"): 0.4}
-    q, = suite.write_metric_rows(fs, _rows("splavu", "abc123", ar_top1=0.55))
-    assert q.name == "splavu-abc123.parquet" and suite.read_metric_rows(fs, "splavu", "abc123")[0]["value"] == 0.55
+    q, = suite.write_metric_rows(store, _rows("splavu", "abc123", ar_top1=0.55))
+    assert q.name == "splavu-abc123.parquet" and suite.read_metric_rows(store, "splavu", "abc123")[0]["value"] == 0.55
 
 
 def test_missing_dataset_is_skipped_and_said():
@@ -158,11 +159,11 @@ def test_anonymize_videos_matches_published_table(published):
     from splavu_core.publish import load_video_features
 
     root, version = published
-    fs = FeatureStore(root)
+    store = FeatureStore(root)
     adapter, _, _ = load_adapter(root / "aam" / version)
-    raw = load_video_features(fs, "raw", datasets=["tad"])
+    raw = load_video_features(store, "raw", datasets=["tad"])
     mem = suite.anonymize_videos(adapter, raw)
-    pub = {v.video_id: v for v in load_video_features(fs, "anonymized", version=version, datasets=["tad"])}
+    pub = {v.video_id: v for v in load_video_features(store, "anonymized", version=version, datasets=["tad"])}
     assert [v.video_id for v in mem] == [v.video_id for v in raw]
     for v in mem:
         assert np.array_equal(v.feats, pub[v.video_id].feats) and v.meta["segments"] == pub[v.video_id].meta["segments"]
@@ -176,7 +177,7 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
     from assets.resources import StoreResource
 
     root, version = published
-    fs = FeatureStore(root)
+    store = FeatureStore(root)
     monkeypatch.setenv("SPLAVU_UTILITY_GATE", "1e9")  # impossible: the warning must fire
     res = run_evaluation(StoreResource(root=str(root)), config=FAST_PROBES)
     assert res.success
@@ -221,7 +222,7 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
     assert report["aam_version_is_current"] is True
     # the fixtures ran no asset, so no step recorded its cost: said, never made up
     assert report["costs"]["splavu"]["produce_seconds"] is None and report["costs"]["splavu"]["missing"]
-    assert report["encoder_fingerprint"] == fs.encoder_fingerprint() and report["aam_version"] == version
+    assert report["encoder_fingerprint"] == store.encoder_fingerprint() and report["aam_version"] == version
     assert [r["name"] for r in report["rows"]] == ["raw", "splavu"]
     r, s = report["rows"]
     iv_keys = {"intervals", "changes", "derived_intervals", "attackers"}  # every metric with its interval and chance
@@ -271,18 +272,18 @@ def test_pixel_baselines_are_scored_and_costed_beside_splavu(published, run_base
     from splavu_core import costs
 
     src, version = published
-    fs = _copy(src, tmp_path / "store")
-    shards = fs.committed_shards()
+    store = _copy(src, tmp_path / "store")
+    shards = store.committed_shards()
     for s in shards:  # hand-set ledger of the splavu path, to check the arithmetic
-        costs.record(fs, "raw", "extract", s, 1.0)
-        costs.record(fs, "splavu", "anonymize", f"{version}/{s}", 0.5)
-    costs.record(fs, "splavu", "train", version, 2.0)
-    run_baseline(fs.root, "down4")  # every evaluation dataset of the store
-    assert run_evaluation(StoreResource(root=str(fs.root)), config=FAST_PROBES).success
+        costs.record(store, "raw", "extract", s, 1.0)
+        costs.record(store, "splavu", "anonymize", f"{version}/{s}", 0.5)
+    costs.record(store, "splavu", "train", version, 2.0)
+    run_baseline(store.root, "down4")  # every evaluation dataset of the store
+    assert run_evaluation(StoreResource(root=str(store.root)), config=FAST_PROBES).success
 
-    report = json.loads((fs.root / "reports" / "privacy_utility.json").read_text())
+    report = json.loads((store.root / "reports" / "privacy_utility.json").read_text())
     assert [r["name"] for r in report["rows"]] == ["raw", "splavu", "pixel_down4"]
-    rows = pq.read_table(fs.root / "metrics" / "pixel_down4-raw.parquet").to_pylist()
+    rows = pq.read_table(store.root / "metrics" / "pixel_down4-raw.parquet").to_pylist()
     px = report["rows"][2]
     assert px["ar_top1"] == suite.metric_value(rows, "ar", "top1") and px["privacy_cmap"] == suite.metric_value(rows, "privacy", "cmap")
     assert px["leakage_removed"] == pytest.approx(suite.metric_value(rows, "privacy", "leakage_removed"))
@@ -290,12 +291,12 @@ def test_pixel_baselines_are_scored_and_costed_beside_splavu(published, run_base
     n = len(shards)
     assert c["splavu"]["produce_seconds"] == pytest.approx(n * 1.0 + 2.0 + n * 0.5) and not c["splavu"]["missing"]
     assert c["splavu"]["change_seconds"] == pytest.approx(2.0 + n * 0.5)
-    pixel_secs = sum(e["seconds"] for e in costs.entries(FeatureStore(fs.root / "baselines" / "pixel_down4"),
+    pixel_secs = sum(e["seconds"] for e in costs.entries(FeatureStore(store.root / "baselines" / "pixel_down4"),
                                                          "pixel_down4", "extract").values())
     assert pixel_secs > 0 and c["pixel_down4"]["produce_seconds"] == pytest.approx(pixel_secs) and c["pixel_down4"]["shards"] == n
     assert c["pixel_down4"]["change_ratio_vs_splavu"] == pytest.approx(pixel_secs / (2.0 + n * 0.5))
     assert c["pixel_down4"]["produce_ratio_vs_splavu"] == pytest.approx(pixel_secs / (n * 1.0 + 2.0 + n * 0.5))
-    table = (fs.root / "reports" / "privacy_utility.md").read_text()
+    table = (store.root / "reports" / "privacy_utility.md").read_text()
     assert "| pixel_down4 |" in table and "### Cost" in table
 
 
@@ -329,15 +330,15 @@ def test_privacy_budget_blocks_the_catalog_update(trained, tmp_path, monkeypatch
     from assets.resources import StoreResource
 
     root, version = trained
-    fs = _copy(root, tmp_path / "store")
+    store = _copy(root, tmp_path / "store")
     inst = dg.DagsterInstance.ephemeral()
-    inst.add_dynamic_partitions(shards.name, fs.committed_shards())
+    inst.add_dynamic_partitions(shards.name, store.committed_shards())
     assets = [_stand_in_anonymized(), ev.privacy_budget, _stand_in_catalog()]
     check_op = ev.privacy_budget.node_def.name
 
     def run(**config):
         return dg.materialize(assets, instance=inst, partition_key="privacy-000", raise_on_error=False,
-                              resources={"store": StoreResource(root=str(fs.root))},
+                              resources={"store": StoreResource(root=str(store.root))},
                               run_config={"ops": {check_op: {"config": {"epochs": 25, **config}}}})
 
     res = run(threshold=1.01)  # impossible: no anonymizer removes more than all the leakage
@@ -366,20 +367,20 @@ def test_privacy_budget_fails_closed_without_a_privacy_set(trained, tmp_path):
     from assets.resources import StoreResource
 
     root, _ = trained
-    fs = _copy(root, tmp_path / "store")
+    store = _copy(root, tmp_path / "store")
     res = dg.materialize([_stand_in_anonymized(), ev.privacy_budget], partition_key="ar-000",
-                         instance=_instance_with(fs), raise_on_error=False,
-                         resources={"store": StoreResource(root=str(fs.root))},
+                         instance=_instance_with(store), raise_on_error=False,
+                         resources={"store": StoreResource(root=str(store.root))},
                          run_config={"ops": {ev.privacy_budget.node_def.name: {"config": {"dataset": "nope", "threshold": -1}}}})
     (check,) = res.get_asset_check_evaluations()
     assert check.passed is False and "could not be measured" in check.description
 
 
-def _instance_with(fs):
+def _instance_with(store):
     from assets.partitions import shards
 
     inst = dg.DagsterInstance.ephemeral()
-    inst.add_dynamic_partitions(shards.name, fs.committed_shards())
+    inst.add_dynamic_partitions(shards.name, store.committed_shards())
     return inst
 
 
@@ -389,12 +390,12 @@ def test_ablation_partitions_write_rows_and_report(tiny_store, tmp_path):
     from pipeline.ablations import GROUPS, VARIANTS
     from pipeline.runner import run_ablations
 
-    fs = _copy(tiny_store, tmp_path / "store")
+    store = _copy(tiny_store, tmp_path / "store")
     cfg = {"batch": 64, "pretrain_head_epochs": 2, "lr": 3e-3, **{k: v for k, v in SMALL_ADAPTER.items()},
            **FAST_PROBES}
-    report = run_ablations(fs, variants=["default", "tasks_all"], epochs=2, config=cfg,
+    report = run_ablations(store, variants=["default", "tasks_all"], epochs=2, config=cfg,
                            instance=dg.DagsterInstance.ephemeral(), log=None)
-    d = fs.root / "reports" / "ablations"
+    d = store.root / "reports" / "ablations"
     a = json.loads((d / "variants" / "default.json").read_text())
     b = json.loads((d / "variants" / "tasks_all.json").read_text())
     assert a["reused"] is False and b["reused"] is True  # same training config: trained once
@@ -418,7 +419,7 @@ def test_ablation_partitions_write_rows_and_report(tiny_store, tmp_path):
         assert row["privacy_cmap"] == pytest.approx(att[judge]["score"]["value"])
         assert row["leakage_removed"] == pytest.approx((raw_j - row["privacy_cmap"])
                                                        / (raw_j - raw["privacy_chance_cmap"]))
-    md = (fs.root / "reports" / "ablations.md").read_text()
+    md = (store.root / "reports" / "ablations.md").read_text()
     assert "### The keep family" in md and "### Tasks seen" in md and "| default |" in md and "Not yet run:" in md
     assert "probe seeds [95% interval" in md and re.search(r"\| default \|.* \(seen\)", md)
     assert all(row["seen_tasks"] == a["seen_tasks"] for row in report["rows"][1:]) and report["probe_seeds"] == [0, 1, 2, 3, 4]
@@ -432,22 +433,22 @@ def test_variant_configs():
 
     base = AblationConfig(epochs=5, w_lc=10.0)
     assert base.variant_train_config("loss_no_lt").tasks == ()
-    assert base.variant_train_config("loss_no_lb").w_b == 0.0
-    assert base.variant_train_config("loss_no_llc").w_lc == 0.0
+    assert base.variant_train_config("loss_no_lb").loop.w_b == 0.0
+    assert base.variant_train_config("loss_no_llc").loop.w_lc == 0.0
     assert base.variant_train_config("tasks_tad").tasks == ("tad",)
-    assert base.variant_train_config("wlc_1000").w_lc == 1000.0 and base.variant_train_config("wlc_1000").epochs == 5
-    assert base.variant_train_config("loss_all").w_lc == 10.0
+    assert base.variant_train_config("wlc_1000").loop.w_lc == 1000.0 and base.variant_train_config("wlc_1000").loop.epochs == 5
+    assert base.variant_train_config("loss_all").loop.w_lc == 10.0
     assert base.variant_train_config("default").adapter["keep"] == 14 and base.variant_train_config("default").adapter["recentre"]
     assert base.variant_train_config("no_recentre").adapter == {"keep": 14, "layers": 0, "mixer": "mlp", "recentre": False}
     prev = base.variant_train_config("previous_default")  # erasure of half the dims + 2 MLP blocks + critic
-    assert prev.adapter["keep"] == 0 and prev.adapter["layers"] == 2 and prev.erase_fraction == 0.5
+    assert prev.adapter["keep"] == 0 and prev.adapter["layers"] == 2 and prev.erasure.erase_fraction == 0.5
     base = AblationConfig(epochs=5, erase_rank=12, layers=2, heads=4)
     paper = base.variant_train_config("paper")  # the paper's objective: fixed-cosine NT-Xent, no erasure
-    assert paper.privacy == "ntxent" and paper.adapter["erase_rank"] == 0 and paper.adapter["mixer"] == "attention"
+    assert paper.loop.privacy == "ntxent" and paper.adapter["erase_rank"] == 0 and paper.adapter["mixer"] == "attention"
     assert paper.adapter["heads"] == 4 and paper.adapter["keep"] == 0  # unnamed fields come from the base config
     assert base.variant_train_config("loss_no_lb").adapter["erase_rank"] == 0
     assert base.variant_train_config("erasure_only").adapter["erase_rank"] == 12
-    assert base.variant_train_config("oracle").oracle and not base.variant_train_config("loss_all").oracle
+    assert base.variant_train_config("oracle").loop.oracle and not base.variant_train_config("loss_all").loop.oracle
     with pytest.raises(ValueError, match="unknown ablation variant"):
         base.variant_train_config("nope")
 

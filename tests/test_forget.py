@@ -52,24 +52,24 @@ def env(tiny_store, tmp_path_factory):
         v1 = train_aam(inst, store, tasks=["ar"])
         run_reanonymize(inst, store)
         assert current_version(FeatureStore(root)) == v1
-        yield SimpleNamespace(root=root, fs=FeatureStore(root), inst=inst, store=store, v1=v1)
+        yield SimpleNamespace(root=root, feature_store=FeatureStore(root), inst=inst, store=store, v1=v1)
 
 
-def manifest_rows(fs: FeatureStore) -> list[dict]:
-    return [r for k in fs.fs.glob("manifests", ".parquet") for r in fs.fs.read_parquet(k).to_pylist()]
+def manifest_rows(store: FeatureStore) -> list[dict]:
+    return [r for k in store.files.glob("manifests", ".parquet") for r in store.files.read_parquet(k).to_pylist()]
 
 
-def vectors_of(fs: FeatureStore, ids: set) -> list[np.ndarray]:
+def vectors_of(store: FeatureStore, ids: set) -> list[np.ndarray]:
     """The videos' raw clip and static latents and their anonymized rows in every version, read independently."""
     out = []
-    for shard in fs.committed_shards():
-        d = fs.read_shard(shard)
+    for shard in store.committed_shards():
+        d = store.read_shard(shard)
         out.append(d.clips[np.isin(d.index["video_id"].to_numpy(zero_copy_only=False), list(ids))])
         if k := d.static.shape[1] if len(d.static) else 0:
             vids = np.asarray(d.static_index["video_id"].to_pylist()[::k], dtype=object)
             out.append(d.static[np.isin(vids, list(ids))].reshape(-1, d.static.shape[2]))
-    for key in fs.fs.match("anonymized/*/*.parquet"):
-        t = fs.fs.read_parquet(key)
+    for key in store.files.match("anonymized/*/*.parquet"):
+        t = store.files.read_parquet(key)
         out.append(pub.feature_matrix(t)[np.isin(t["video_id"].to_numpy(zero_copy_only=False), list(ids))])
     return [a for a in out if len(a)]
 
@@ -139,7 +139,7 @@ def test_bad_input_is_one_line_and_changes_nothing(env, capsys, tmp_path):
     before = snapshot(env.root)
     empty = tmp_path / "ids.txt"
     empty.write_text("\n")
-    vid = manifest_rows(env.fs)[0]["video_id"]
+    vid = manifest_rows(env.feature_store)[0]["video_id"]
     for argv, says in [(["--video", "no_such_video", "--reason", "r"], "no_such_video"),
                        (["--subject", "nobody", "--reason", "r"], "nobody"),
                        (["--file", str(empty), "--reason", "r"], str(empty)),
@@ -154,10 +154,10 @@ def test_bad_input_is_one_line_and_changes_nothing(env, capsys, tmp_path):
 # ---------------------------------------------------------------- a subject, end to end
 
 def test_forget_subject_leaves_no_byte_of_them_and_refits(env, capsys):
-    rows = manifest_rows(env.fs)
+    rows = manifest_rows(env.feature_store)
     subject = next(r["subject_id"] for r in rows if r["video_id"].startswith("ar_") and r["split"] == "train")
     ids = {r["video_id"] for r in rows if r.get("subject_id") == subject}
-    vectors = vectors_of(env.fs, ids)
+    vectors = vectors_of(env.feature_store, ids)
     assert ids and sum(len(v) for v in vectors) > 2 * len(ids)
     assert scan(local_files(env.root), ids, vectors)  # the scan does find them before
     untouched = {k: v for k, v in local_files(env.root).items() if k.startswith("latents/privacy-000/")}
@@ -169,9 +169,9 @@ def test_forget_subject_leaves_no_byte_of_them_and_refits(env, capsys):
     # an unaffected shard is untouched, byte for byte
     assert {k: v for k, v in local_files(env.root).items() if k.startswith("latents/privacy-000/")} == untouched
     # the version fitted on them is retired; the refit is current and serves analysts
-    v2 = current_version(env.fs)
-    assert v2 and v2 != env.v1 and env.v1 in retired_versions(env.fs)
-    assert not env.fs.fs.exists(f"anonymized/{env.v1}") and not env.fs.fs.exists(f"aam/{env.v1}")
+    v2 = current_version(env.feature_store)
+    assert v2 and v2 != env.v1 and env.v1 in retired_versions(env.feature_store)
+    assert not env.feature_store.files.exists(f"anonymized/{env.v1}") and not env.feature_store.files.exists(f"aam/{env.v1}")
     rc, text, err = cli(capsys, "--store", str(env.root), "sql", "SELECT (SELECT count(*) FROM anonymized_features) AS a, "
                       "(SELECT count(*) FROM clips) AS c", "--format", "json")
     assert rc == 0 and text, (rc, text, err)
@@ -190,40 +190,40 @@ def test_tombstone_keeps_them_out_of_reextraction_and_ingest(env, capsys, tiny_b
     import pyarrow.csv as pcsv
 
     manifest = tiny_bench[0] / "ar" / "manifest.csv"
-    gone = erasure.forgotten(env.fs, pcsv.read_csv(manifest)["video_id"].to_pylist())
+    gone = erasure.forgotten(env.feature_store, pcsv.read_csv(manifest)["video_id"].to_pylist())
     assert gone  # the user's manifest still lists the erased videos
     res = materialize_shard(env.inst, "ar-000", env.store, EncoderResource(checkpoint=str(tiny_videomae)))
     md = {m.asset_key.path[-1]: m.metadata for m in res.asset_materializations_for_node("extracted_latents")}
     assert md["clip_latents"]["skipped"].value  # the erasure left the shard up to date with the filtered manifest
     assert f"{len(gone)} erased video(s) skipped" in capsys.readouterr().err  # said, not silent
-    assert not gone & set(env.fs.read_shard("ar-000").index["video_id"].to_pylist())
-    assert not gone & {r["video_id"] for r in manifest_rows(env.fs)}  # video_manifest ran again, without them
+    assert not gone & set(env.feature_store.read_shard("ar-000").index["video_id"].to_pylist())
+    assert not gone & {r["video_id"] for r in manifest_rows(env.feature_store)}  # video_manifest ran again, without them
     rc, _, err = cli(capsys, "--store", str(env.root), "ingest", "ar_again", str(manifest), "--roles", "ar")
     assert rc == 2 and "erased" in err and "--allow-forgotten" in err and err.count("\n") == 1
-    assert not env.fs.fs.exists("datasets/ar_again.json")
+    assert not env.feature_store.files.exists("datasets/ar_again.json")
 
 
 # ---------------------------------------------------------------- killed mid-request, then run again
 
 def test_killed_mid_request_then_rerun_completes(env, capsys):
-    rows = manifest_rows(env.fs)
+    rows = manifest_rows(env.feature_store)
     ids = [next(r["video_id"] for r in rows if r["video_id"].startswith(p)) for p in ("privacy_0", "tad_0")]
-    vectors = vectors_of(env.fs, set(ids))
-    shards = {s for t in fg.resolve(env.fs, ids)[0].values() for s in t["shards"]}
+    vectors = vectors_of(env.feature_store, set(ids))
+    shards = {s for t in fg.resolve(env.feature_store, ids)[0].values() for s in t["shards"]}
     assert len(shards) == 2
     argv = ["--store", str(env.root), "forget", "--video", *ids, "--reason", "deletion request"]
     proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *argv], cwd=REPO, capture_output=True,
                           env={**os.environ, "SPLAVU_FORGET_CRASH_AFTER": "3", "PYTHONPATH": str(REPO)})  # after the first shard's commit
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-3000:]
-    assert fg.pending_requests(env.fs)  # the journal is there to finish it
-    for shard in env.fs.committed_shards():  # every shard is whole: before or after, never half
-        d = env.fs.read_shard(shard)
-        assert d.index.num_rows == env.fs.committed(shard)["clips"]
+    assert fg.pending_requests(env.feature_store)  # the journal is there to finish it
+    for shard in env.feature_store.committed_shards():  # every shard is whole: before or after, never half
+        d = env.feature_store.read_shard(shard)
+        assert d.index.num_rows == env.feature_store.committed(shard)["clips"]
     rc, out, err = cli(capsys, *argv)
     assert rc == 0, err
-    assert "left unfinished" in out and not fg.pending_requests(env.fs)
+    assert "left unfinished" in out and not fg.pending_requests(env.feature_store)
     assert scan(local_files(env.root), set(ids), vectors) == []
-    log = erasure.read_log(env.fs).to_pylist()
+    log = erasure.read_log(env.feature_store).to_pylist()
     raw = {r["item"]: r for r in log if r["layer"] == "raw_latents" and r["item"] in shards}
     assert set(raw) == shards  # the shard committed before the kill is in the receipt too, with both hashes
     assert all(r["hash_before"] and r["hash_after"] and r["hash_before"] != r["hash_after"] for r in raw.values())
@@ -231,12 +231,12 @@ def test_killed_mid_request_then_rerun_completes(env, capsys):
 
 def test_allow_forgotten_readmits_and_is_logged(env, capsys, tiny_bench):
     manifest = tiny_bench[0] / "ar" / "manifest.csv"
-    before = erasure.read_tombstones(env.fs).num_rows
+    before = erasure.read_tombstones(env.feature_store).num_rows
     rc, out, err = cli(capsys, "--store", str(env.root), "ingest", "ar_again", str(manifest), "--roles", "ar",
                        "--allow-forgotten")
     assert rc == 0, err
-    assert erasure.read_tombstones(env.fs).num_rows < before
-    assert [r for r in erasure.read_log(env.fs).to_pylist() if r["step"] == "readmit" and r["rows_removed"] > 0]
+    assert erasure.read_tombstones(env.feature_store).num_rows < before
+    assert [r for r in erasure.read_log(env.feature_store).to_pylist() if r["step"] == "readmit" and r["rows_removed"] > 0]
 
 
 # ---------------------------------------------------------------- object storage
@@ -251,7 +251,7 @@ def test_forget_on_s3_leaves_no_trace_and_no_replaced_attempt(s3, capsys, tmp_pa
     import torch
 
     url = s3_url("forget")
-    fs = FeatureStore(url)
+    store = FeatureStore(url)
     rng = np.random.default_rng(0)
     d = 8
     for s in ("ar-000", "ar-001"):
@@ -262,11 +262,11 @@ def test_forget_on_s3_leaves_no_trace_and_no_replaced_attempt(s3, capsys, tmp_pa
                           "start_s": [0.0] * n, "end_s": [2.0] * n, "split": ["train"] * n})
         static_index = pa.table({"video_id": [v for v in vids for _ in range(2)], "k": pa.array([0, 1] * 4, pa.int32()),
                                  "frame_index": pa.array([0, 9] * 4, pa.int32())})
-        fs.write_shard(s, ShardLatents(rng.standard_normal((n, d)).astype(np.float32), index,
+        store.write_shard(s, ShardLatents(rng.standard_normal((n, d)).astype(np.float32), index,
                                        rng.standard_normal((4, 2, d)).astype(np.float32), static_index,
                                        QUARANTINE_SCHEMA.empty_table()), {"encoder_fingerprint": "fp"}, "m")
-        fs.write_shard(s, fs.read_shard(s), {"encoder_fingerprint": "fp"}, "m")  # a replaced attempt, kept for readers
-        fs.write_shard_manifest_table(s, pa.table({"video_id": vids, "path": [f"{v}.mp4" for v in vids],
+        store.write_shard(s, store.read_shard(s), {"encoder_fingerprint": "fp"}, "m")  # a replaced attempt, kept for readers
+        store.write_shard_manifest_table(s, pa.table({"video_id": vids, "path": [f"{v}.mp4" for v in vids],
                                                    "split": ["train"] * 4, "subject_id": ["a", "b", "c", "d"],
                                                    "attr_skin": [0, 1, 0, 1]}))
     torch.manual_seed(0)
@@ -278,14 +278,14 @@ def test_forget_on_s3_leaves_no_trace_and_no_replaced_attempt(s3, capsys, tmp_pa
                 p.normal_(0, 0.3)
     version = save_adapter(adapter, cfg, tmp_path / "aam", "fp")
     for s in ("ar-000", "ar-001"):
-        pub.anonymize_shard(fs, s, tmp_path / "aam")
-    pub.record_version(fs, version, {"encoder_fingerprint": "fp", "config": cfg.to_dict()}, {})
-    cat.build_catalog(fs)
-    write_index(fs, version)
-    assert len(fs.fs.listdir("latents/ar-000/attempts")) == 2
+        pub.anonymize_shard(store, s, tmp_path / "aam")
+    pub.record_version(store, version, {"encoder_fingerprint": "fp", "config": cfg.to_dict()}, {})
+    cat.build_catalog(store)
+    write_index(store, version)
+    assert len(store.files.listdir("latents/ar-000/attempts")) == 2
 
     ids = {"ar-000_v1", "ar-001_v2"}
-    vectors = vectors_of(fs, ids)
+    vectors = vectors_of(store, ids)
     rc, out, err = cli(capsys, "--store", url, "forget", "--video", *sorted(ids), "--reason", "erasure request")
     assert rc == 0, err
     assert "none holds any of the 2 erased id(s)" in out
@@ -293,12 +293,12 @@ def test_forget_on_s3_leaves_no_trace_and_no_replaced_attempt(s3, capsys, tmp_pa
     keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
             for o in page.get("Contents", [])]
     files = {k[len(prefix):]: client.get_object(Bucket=BUCKET, Key=k)["Body"].read() for k in keys}
-    local = cat.catalog_dir(fs)  # the catalog and neighbour index live in a local cache folder
+    local = cat.catalog_dir(store)  # the catalog and neighbour index live in a local cache folder
     files.update({f"catalog-dir/{k}": v for k, v in local_files(local).items()})
     assert scan(files, ids, vectors) == []
     for s in ("ar-000", "ar-001"):  # the replaced attempts are deleted, not left for readers
-        assert [f"attempts/{a}" for a in fs.fs.listdir(f"latents/{s}/attempts")] == [fs.committed(s)["data"]]
-        assert fs.read_shard(s).index.num_rows == 9
+        assert [f"attempts/{a}" for a in store.files.listdir(f"latents/{s}/attempts")] == [store.committed(s)["data"]]
+        assert store.read_shard(s).index.num_rows == 9
     assert not [k for k in files if k.startswith("_locks/") or k.startswith("erasure/journal/")]
 
 
@@ -361,7 +361,7 @@ def fitted_store(tmp_path):
     s = FeatureStore(tmp_path / "store")
     for shard, seed in (("ar-000", 0), ("ar-001", 1)):
         write_fake_shard(s, shard, seed=seed)
-    s.fs.write_json("datasets/ar.json", {"name": "ar", "manifest": str(tmp_path / "gone.csv"), "shard_size": 4,
+    s.files.write_json("datasets/ar.json", {"name": "ar", "manifest": str(tmp_path / "gone.csv"), "shard_size": 4,
                                          "videos": 8, "shards": ["ar-000", "ar-001"], "roles": ["ar"]})
     return s, publish(s, make_adapter(s), ["ar-000", "ar-001"])
 
@@ -383,7 +383,7 @@ def test_versions_fitted_on_the_videos_are_retired_or_kept_on_record(tmp_path, k
         assert "ar-000_v0" not in pub.read_anonymized(s, v)["video_id"].to_pylist()
     else:
         assert "retire" in actions and current_version(s) is None and v in retired_versions(s)
-        assert not s.fs.exists(f"anonymized/{v}") and not s.fs.exists(f"aam/{v}")
+        assert not s.files.exists(f"anonymized/{v}") and not s.files.exists(f"aam/{v}")
         with pytest.raises(pub.PublishError, match="retired"):
             promote(s, v, force=True, reason="try")
 

@@ -57,7 +57,7 @@ def _write(store: FeatureStore, name: str, roles: list[str], rows: list[dict], c
     p = store.shard_manifest_path(shard)
     p.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, p)
-    store.fs.write_json(f"datasets/{name}.json", {"name": name, "manifest": f"/nonexistent/{name}.csv",
+    store.files.write_json(f"datasets/{name}.json", {"name": name, "manifest": f"/nonexistent/{name}.csv",
                                                    "shard_size": 256, "videos": n_v, "shards": [shard],
                                                    "roles": roles, "static_clips": name == "ar"})
 
@@ -191,7 +191,7 @@ def test_publish_never_makes_current_a_version_with_ar_at_chance(gated_store):
     assert eraser in ledger.refused_versions(store)
     # the gate scored the validation split only: its cached measurement names it, and the report's test split
     # videos never appear among the videos it scored
-    m = store.fs.read_json(f"reports/gates/{eraser}.json")["measure"]
+    m = store.files.read_json(f"reports/gates/{eraser}.json")["measure"]
     assert m["split"] == "val" and {r["split"] for r in m["rows"]} == {"val"}
     test_ids = {r["video_id"] for s in store.committed_shards() for r in store.read_shard_manifest(s).to_pylist()
                 if r["split"] == "test"}
@@ -260,7 +260,7 @@ def test_cli_evaluate_scores_the_current_version_with_the_given_seeds(gated_stor
     assert main(["--store", str(store.root), "evaluate", "--seed", "3"]) == 0
     out = capsys.readouterr().out
     assert f"scoring AAM version {gentle}: the current version; probe seeds 3..7" in out
-    report = store.fs.read_json("reports/privacy_utility.json")
+    report = store.files.read_json("reports/privacy_utility.json")
     assert report["aam_version"] == gentle and report["aam_version_is_current"] and report["probe_seeds"] == [3, 4, 5, 6, 7]
     raw = report["rows"][0]["intervals"]
     assert raw["ar_top1"]["n_seeds"] == 5 and raw["ar_top1"]["chance"] == pytest.approx(1 / 3)

@@ -14,6 +14,8 @@ from test_anonymizer_privacy import flip_private_labels, toy_videos
 
 KEEP = dict(epochs=2, batch=64, pretrain_head_epochs=1, tasks=("ar",), adapter={"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0},
             diagnose_points=1, diagnose_steps=30)
+# fit_keep's weights for the tests of the fit itself: the task scatter alone, barely shrunk
+BARE = dict(w_motion=0.0, w_app=0.0, ridge=1e-3, tad_phases=3, w_dynamic=0.0)
 
 
 def _videos(actions, labels):
@@ -24,7 +26,7 @@ def _videos(actions, labels):
 
 def test_keep_keeps_the_action_directions_and_drops_appearance():
     static, actions, labels = toy_videos()
-    fit = fit_keep({"ar": _videos(actions, labels)}, static, k=2)
+    fit = fit_keep({"ar": _videos(actions, labels)}, static, k=2, **BARE)
     clips, y = np.concatenate(actions), np.repeat(labels, 4)
     z = apply_keep(fit, clips)
     assert z.shape == (len(clips), 2)
@@ -37,13 +39,13 @@ def test_keep_keeps_the_action_directions_and_drops_appearance():
     pred = np.argmin(((z[:, None] - centres[None]) ** 2).sum(-1), 1)
     assert (pred == y).mean() > 0.95
     with pytest.raises(AssertionError, match="k must be"):
-        fit_keep({"ar": _videos(actions, labels)}, static, k=0)
+        fit_keep({"ar": _videos(actions, labels)}, static, k=0, **BARE)
 
 
 def test_motion_directions_fill_the_space_no_task_asked_for():
     """With no utility label the keep stage keeps what varies within a video (appearance does not)."""
     static, actions, labels = toy_videos()
-    fit = fit_keep({"ar": _videos(actions, np.zeros_like(labels))}, static, k=3, w_motion=1.0)
+    fit = fit_keep({"ar": _videos(actions, np.zeros_like(labels))}, static, k=3, **{**BARE, "w_motion": 1.0})
     kept_static = apply_keep(fit, static.reshape(-1, static.shape[-1])).reshape(len(static), -1, 3)
     z = apply_keep(fit, np.concatenate(actions))
     assert np.cov(kept_static.mean(1), rowvar=False).trace() < 0.2 * np.cov(z, rowvar=False).trace()
@@ -64,12 +66,14 @@ def test_what_motion_adds_finds_the_actions_without_any_label():
 
     # with shrinkage: a ratio criterion alone prefers the low-variance noise directions (all of their variance is
     # "dynamic"); isotropic variance added to the rest outweighs them
-    fit = fit_keep(unlabelled, static, k=2, w_dynamic=1.0, dynamic=dynamic, ridge=1.0)
+    fit = fit_keep(unlabelled, static, k=2, dynamic=dynamic, **{**BARE, "w_dynamic": 1.0, "ridge": 1.0})
     acc, z = nearest_centre_accuracy(fit)
-    assert nearest_centre_accuracy(fit_keep(unlabelled, static, k=2, w_dynamic=1.0, dynamic=dynamic))[0] < 0.8
+    unshrunk = fit_keep(unlabelled, static, k=2, dynamic=dynamic, **{**BARE, "w_dynamic": 1.0})
+    assert nearest_centre_accuracy(unshrunk)[0] < 0.8
     kept_static = apply_keep(fit, static.reshape(-1, static.shape[-1])).reshape(len(static), -1, 2)
     assert acc > 0.95 and np.cov(kept_static.mean(1), rowvar=False).trace() < 0.05 * np.cov(z, rowvar=False).trace()
-    motion_only, _ = nearest_centre_accuracy(fit_keep(unlabelled, static, k=2, w_motion=1.0, ridge=1.0))
+    motion = fit_keep(unlabelled, static, k=2, **{**BARE, "w_motion": 1.0, "ridge": 1.0})
+    motion_only, _ = nearest_centre_accuracy(motion)
     assert motion_only < 0.8, motion_only
 
 
@@ -89,7 +93,7 @@ def _recentre_toy(n=120, k=4, seed=0):
 
 def test_recentring_replaces_who_in_a_videos_mean_and_keeps_its_motion():
     videos, labels, attr = _recentre_toy()
-    fit = fit_recentre(np.stack([v.mean(0) for v in videos]), labels)
+    fit = fit_recentre(np.stack([v.mean(0) for v in videos]), labels, 0.8)
     out = [apply_recentre(fit, v) for v in videos]
     means = np.stack([o.mean(0) for o in out])
     # who: the appearance offset no longer separates the attribute's two groups (it did by 2 units)
@@ -109,23 +113,21 @@ def test_recentring_replaces_who_in_a_videos_mean_and_keeps_its_motion():
 def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store):
     """The adapter aam_model trains (torch) and the keep curve's member (numpy) give the same rows, and a video's
     rows do not depend on the other videos of its batch."""
-    import dataclasses
-
     import torch
 
     from splavu_core.aam.train import TrainConfig, fit_closed_form, load_training_data, train_aam
     from splavu_core.evaluation.suite import anonymize_videos
     from splavu_core.publish import load_video_features
 
-    fs = FeatureStore(tiny_store)
-    data = load_training_data(fs, ad=None)
-    cfg = TrainConfig(**{**KEEP, "tasks": ("ar", "tad"), "adapter": {**KEEP["adapter"], "recentre": True}})
+    store = FeatureStore(tiny_store)
+    data = load_training_data(store, ad=None)
+    cfg = TrainConfig.from_flat({**KEEP, "tasks": ("ar", "tad"), "adapter": {**KEEP["adapter"], "recentre": True}})
     adapter, acfg, summary = train_aam(data, cfg, log=None)
     assert acfg.recentre and acfg.classes == len(data.classes) and summary["keep"]["recentre"]["classes"] == acfg.classes
     maps = fit_closed_form(data, cfg.tasks, 4, cfg)
     assert set(maps) == {False, True}
     fn = maps[True]
-    videos = load_video_features(fs, source="raw", datasets=["ar"])[:12]
+    videos = load_video_features(store, source="raw", datasets=["ar"])[:12]
     published = anonymize_videos(adapter, videos)
     for v, p in zip(videos, published):
         np.testing.assert_allclose(p.feats, fn(v.feats), atol=1e-4)
@@ -139,14 +141,14 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store):
     # there are none: the adapter says so and publishes keep alone
     from splavu_core.aam.train import recentre_classes
 
-    full = load_training_data(fs)
+    full = load_training_data(store)
     _, labels = recentre_classes(full, ("ar", "ad"))
     assert {"anomaly=0", "anomaly=1"} <= set(labels) and set(labels) - {"anomaly=0", "anomaly=1"} == set(data.classes)
-    _, acfg_ad, _ = train_aam(full, dataclasses.replace(cfg, tasks=("ar", "ad")), log=None)
+    _, acfg_ad, _ = train_aam(full, cfg.replace(tasks=("ar", "ad")), log=None)
     assert acfg_ad.classes == len(data.classes) + 2 and recentre_classes(full, ("ar",))[1] == \
         [v.meta["action"] for v in full.ar_train]
     msgs = []
-    tad_only = dataclasses.replace(cfg, tasks=("tad",), selection="last")
+    tad_only = cfg.replace(tasks=("tad",), selection="last")
     _, acfg, _ = train_aam(data, tad_only, log=msgs.append)
     assert not acfg.recentre and any("recentre: off" in m for m in msgs)
 
@@ -162,12 +164,12 @@ def test_keep_training_never_reads_private_attribute_labels(tiny_store, tmp_path
 
     root = tmp_path / "store"
     shutil.copytree(tiny_store, root)
-    fs = FeatureStore(root)
+    store = FeatureStore(root)
 
     def version():
-        cfg = TrainConfig(**{**KEEP, "tasks": ("ar", "tad"), "adapter": adapter, **extra})
-        a, acfg, _ = train_aam(load_training_data(fs, ad=None), cfg, log=None)
-        return adapter_version(a, acfg, fs.encoder_fingerprint())
+        cfg = TrainConfig.from_flat({**KEEP, "tasks": ("ar", "tad"), "adapter": adapter, **extra})
+        a, acfg, _ = train_aam(load_training_data(store, ad=None), cfg, log=None)
+        return adapter_version(a, acfg, store.encoder_fingerprint())
 
     before = version()
     assert flip_private_labels(root) >= 2, "the training datasets must carry attr_* labels for this to mean anything"
@@ -187,22 +189,22 @@ def test_a_keep_adapter_publishes_k_wide_tables_end_to_end(tiny_store, tmp_path,
 
     root = tmp_path / "store"
     shutil.copytree(tiny_store, root)
-    fs = FeatureStore(root)
+    store = FeatureStore(root)
     res = dg.materialize([aam_model], resources={"store": StoreResource(root=str(root))}, run_config={"ops": {
         "aam_model": {"config": {"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0, "tasks": ["ar"], "diagnose_steps": 30}}}})
     version = res.asset_materializations_for_node("aam_model")[0].metadata["version"].value
-    info = anonymize_shard(fs, "ar-000", root / "aam" / version)
+    info = anonymize_shard(store, "ar-000", root / "aam" / version)
     assert info["dim"] == 4 and info["rows"] > 0
     t = pq.read_table(root / "anonymized" / version / "ar-000.parquet")
     assert t.schema.field("feature").type.list_size == 4
-    set_current(fs, version)
-    build_catalog(fs)
-    width = query(fs, "SELECT len(feature) AS n FROM anonymized_features LIMIT 1").to_pylist()[0]["n"]
+    set_current(store, version)
+    build_catalog(store)
+    width = query(store, "SELECT len(feature) AS n FROM anonymized_features LIMIT 1").to_pylist()[0]["n"]
     assert width == 4
-    videos = load_video_features(fs, source="anonymized", version=version, shards=["ar-000"])
+    videos = load_video_features(store, source="anonymized", version=version, shards=["ar-000"])
     assert videos and all(v.feats.shape[1] == 4 for v in videos)
-    assert version in read_versions(fs)["version"].to_pylist()
-    raw = load_feature_sets(fs, ["ar"], "raw")
+    assert version in read_versions(store)["version"].to_pylist()
+    raw = load_feature_sets(store, ["ar"], "raw")
     rows = score_sets({"keep": {"ar": videos}}, ["ar"], {"ar": "ar"}, seeds=[0], versions={"keep": version})
     assert any(r["metric"] == "top1" for r in rows) and raw["ar"][0].feats.shape[1] > 4
 
@@ -211,8 +213,8 @@ def test_a_keep_adapter_publishes_k_wide_tables_end_to_end(tiny_store, tmp_path,
     from assets.operating_point import keep_family_curve, keep_width_matches_curve
     from splavu_core.evaluation.keep_curve import operating_point
 
-    for shard in fs.committed_shards():  # the current version is marked on the curve: all of its tables
-        anonymize_shard(fs, shard, root / "aam" / version)
+    for shard in store.committed_shards():  # the current version is marked on the curve: all of its tables
+        anonymize_shard(store, shard, root / "aam" / version)
     monkeypatch.setenv("SPLAVU_PRIVACY_BUDGET", "-1e9")  # both rules pass every member: the largest k is chosen
     monkeypatch.setenv("SPLAVU_UTILITY_GATE", "-1e9")
 
@@ -224,7 +226,7 @@ def test_a_keep_adapter_publishes_k_wide_tables_end_to_end(tiny_store, tmp_path,
         return md, check
 
     md, check = curve([2, 4, 6])
-    family = fs.fs.read_json("reports/keep_family.json")
+    family = store.files.read_json("reports/keep_family.json")
     assert family["split"] == "val" and [m["k"] for m in family["members"]] == [2, 4, 6]
     assert all("privacy" in m and "clip_privacy" in m and "ar" in m for m in family["members"])
     assert family["marks"][0]["name"] == f"AAM {version}" and "privacy" in family["marks"][0]
@@ -233,7 +235,7 @@ def test_a_keep_adapter_publishes_k_wide_tables_end_to_end(tiny_store, tmp_path,
     assert (root / "reports" / "keep_family.png").read_bytes()[:4] == b"\x89PNG"
     assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
     assert 'publishes k = 4; this store\'s validation curve picks k = 6: retrain with {"keep": 6}' in check.description
-    assert _keep_family_metadata(fs)["keep_family_chosen_k"] == 6  # aam_model's next materialisation shows the curve
+    assert _keep_family_metadata(store)["keep_family_chosen_k"] == 6  # aam_model's next materialisation shows the curve
     md, check = curve([2, 4])
     assert md["chosen_k"].value == 4 and check.passed
 
@@ -243,8 +245,8 @@ def test_heldout_classes_fit_never_sees_the_classes_it_is_probed_on(tiny_store, 
     those classes' videos only, raw vs member, with intervals."""
     from splavu_core.evaluation import keep_curve as kc
 
-    fs = FeatureStore(tiny_store)
-    inp = kc.load_inputs(fs)
+    store = FeatureStore(tiny_store)
+    inp = kc.load_inputs(store)
     folds = 2
     assert len(inp.data.classes) >= 2 * folds, inp.data.classes
     fitted = []
@@ -255,7 +257,7 @@ def test_heldout_classes_fit_never_sees_the_classes_it_is_probed_on(tiny_store, 
         return real(data, tasks, k, cfg)
 
     monkeypatch.setattr(kc, "fit_closed_form", spy)
-    members = kc.heldout_classes(fs, inp, [4], folds=folds, seeds=[0, 1], recentres=[True, False])
+    members = kc.heldout_classes(store, inp, [4], folds=folds, seeds=[0, 1], recentres=[True, False])
     assert len(members) == 2 * folds and len(fitted) == folds  # one fit per fold serves both members
     for m in members:
         classes, seen_actions, tasks = fitted[m["fold"]]

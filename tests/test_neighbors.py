@@ -67,7 +67,7 @@ def test_stale_index_is_bypassed_and_retention_prunes_it(store):
 def test_explains_an_empty_current_table(store):
     assert "no AAM version in" in _error(store, "ar-000_v1")
     version = publish(store, make_adapter(store), ["ar-000", "ar-001"], make_current=False)
-    store.fs.write_json(f"reports/privacy_budget/{version}.json", {"key": "k", "measure": {
+    store.files.write_json(f"reports/privacy_budget/{version}.json", {"key": "k", "measure": {
         "leakage_removed": 0.04, "raw_cmap": 0.86, "anonymized_cmap": 0.85, "chance_cmap": 0.5}})
     msg = _error(store, "ar-000_v1")
     assert "no AAM version is current" in msg and f"{version} (" in msg and "2/3 shards published" in msg

@@ -216,7 +216,7 @@ def test_a_shard_replaced_mid_read_is_never_seen_half_old_half_new(s3, monkeypat
     url, prov = s3_url("replace"), {"encoder_fingerprint": "fp"}
     writer, reader = FeatureStore(url), FeatureStore(url)
     first = writer.write_shard("ar-000", generation(1), prov, "h")["data"]
-    real, calls = reader.fs.read_parquet, []
+    real, calls = reader.files.read_parquet, []
 
     def replace_midway(key, columns=None):
         calls.append(key)
@@ -225,11 +225,11 @@ def test_a_shard_replaced_mid_read_is_never_seen_half_old_half_new(s3, monkeypat
                 writer.write_shard("ar-000", generation(g), prov, f"h{g}")
         return real(key, columns)
 
-    monkeypatch.setattr(reader.fs, "read_parquet", replace_midway)
+    monkeypatch.setattr(reader.files, "read_parquet", replace_midway)
     data = reader.read_shard("ar-000")
     assert gen_of(data) == 1 + replacements
     assert len(calls) > 3  # it did read (part of) generation 1, then re-read the new one
-    kept = {f"attempts/{a}" for a in writer.fs.listdir("latents/ar-000/attempts")}
+    kept = {f"attempts/{a}" for a in writer.files.listdir("latents/ar-000/attempts")}
     assert len(kept) == 2 and writer.committed("ar-000")["data"] in kept  # the current and the one it replaced
     assert (first in kept) == (replacements == 1)  # older generations are deleted by the next writer
     from splavu_core import analyst
@@ -243,7 +243,7 @@ def test_a_shard_replaced_mid_read_is_never_seen_half_old_half_new(s3, monkeypat
 def attempt_bytes(store: FeatureStore, shard: str) -> dict[str, str]:
     """{file: sha256} of the committed attempt of a shard, as shard_bytes() gives for a local shard folder."""
     key = store.shard_data_key(shard, store.committed(shard))
-    return {k[len(key) + 1:]: hashlib.sha256(store.fs.read_bytes(k)).hexdigest() for k, _ in store.fs.walk(key)
+    return {k[len(key) + 1:]: hashlib.sha256(store.files.read_bytes(k)).hexdigest() for k, _ in store.files.walk(key)
             if not k.endswith("quarantine.parquet")}
 
 
@@ -263,18 +263,18 @@ def test_killed_writer_leaves_nothing_visible_and_rerun_equals_a_clean_write(s3,
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
 
     store = FeatureStore(url)
-    (debris,) = store.fs.listdir(f"latents/{key}/attempts")
-    assert any("latents.zarr/clips/" in k for k, _ in store.fs.walk(f"latents/{key}/attempts/{debris}"))
+    (debris,) = store.files.listdir(f"latents/{key}/attempts")
+    assert any("latents.zarr/clips/" in k for k, _ in store.files.walk(f"latents/{key}/attempts/{debris}"))
     assert store.committed(key) is None and store.committed_shards() == []
     with pytest.raises(StoreError, match="no committed latents"):
         store.read_shard(key)
-    assert store.fs.exists(f"_locks/shard-{key}.json")  # the dead writer's lease, left to expire
+    assert store.files.exists(f"_locks/shard-{key}.json")  # the dead writer's lease, left to expire
 
     run(inst, url, key, tiny_videomae)  # waits out the lease, takes it over, clears the debris, commits
     marker = store.committed(key)
-    assert store.fs.listdir(f"latents/{key}/attempts") == [marker["data"].split("/")[1]]
+    assert store.files.listdir(f"latents/{key}/attempts") == [marker["data"].split("/")[1]]
     assert marker["data"] != f"attempts/{debris}"
-    assert not store.fs.exists(f"_locks/shard-{key}.json")
+    assert not store.files.exists(f"_locks/shard-{key}.json")
     local = shard_bytes(ref, key)
     assert {k: v for k, v in marker.items() if k != "data"} == json.loads((ref / "latents" / key / "_COMMIT.json").read_text())
     assert attempt_bytes(store, key) == {k: v for k, v in local.items() if k != "_COMMIT.json"}
@@ -317,16 +317,16 @@ def test_end_to_end_on_s3_matches_local_disk(s3, tiny_store, tiny_bench, tiny_vi
     version = train_aam(inst, resource, tasks=["ar"])
     out = run_reanonymize(inst, resource)  # one Dagster run per shard, then the catalog
     assert all(not s["skipped"] for s in out["shards"].values()) and pub.current_version(store) == version
-    assert store.fs.isfile(f"reports/gates/{version}.json")  # the gates measured the version on S3 to promote it
+    assert store.files.isfile(f"reports/gates/{version}.json")  # the gates measured the version on S3 to promote it
     adapter, cfg, meta = load_adapter(store.loc("aam", version))  # safetensors bytes from S3; hash re-checked
-    assert meta["version"] == version and store.fs.isfile(f"aam/{version}/loss_curves.png")
+    assert meta["version"] == version and store.files.isfile(f"aam/{version}/loss_curves.png")
     table = pub.read_anonymized(store)
     raw = np.concatenate([local.read_shard(k, with_static=False).clips for k in keys])
     index = pa.concat_tables([local.read_shard(k, with_static=False).index for k in keys])
     want = pub.run_adapter(adapter, cfg, raw, index["video_id"].to_numpy(zero_copy_only=False), index["clip_index"].to_numpy())
     assert np.array_equal(pub.feature_matrix(table), want)  # published on S3 = the adapter on the local raw latents
 
-    assert cat.catalog_path(store).is_file() and not store.fs.exists("catalog.duckdb")  # a local cache, not the bucket
+    assert cat.catalog_path(store).is_file() and not store.files.exists("catalog.duckdb")  # a local cache, not the bucket
     assert str(cat.catalog_path(store)).startswith(os.environ["SPLAVU_CATALOG_DIR"])
     rc, text, _ = cli(capsys, "--store", url, "sql", "SELECT (SELECT count(*) FROM anonymized_features) AS anon, "
                       "(SELECT count(*) FROM clips) AS clips, (SELECT count(DISTINCT video_id) FROM videos) AS videos, "
@@ -341,5 +341,5 @@ def test_end_to_end_on_s3_matches_local_disk(s3, tiny_store, tiny_bench, tiny_vi
     rc, _, err = cli(capsys, "--store", url, "sql", "CREATE TABLE t AS SELECT 1")
     assert rc == 2 and "read-only" in err.lower()
     # nothing half-written or temporary was ever left in the bucket, and no lease is held
-    names = [k for k, _ in store.fs.walk("")]
+    names = [k for k, _ in store.files.walk("")]
     assert not [k for k in names if ".part" in k or ".staging" in k or k.startswith("_locks/")]

@@ -115,29 +115,29 @@ def env(tiny_store, tiny_bench, tmp_path_factory):
         store = StoreResource(root=str(root))
         v1 = train_aam(inst, store)
         first = run_reanonymize(inst, store)  # every shard (one run each), then the catalog
-        yield SimpleNamespace(root=root, inst=inst, store=store, fs=store.store(), v1=v1, first=first,
+        yield SimpleNamespace(root=root, inst=inst, store=store, feature_store=store.store(), v1=v1, first=first,
                               bench=tiny_bench[0], tmp=tmp_path_factory, defs=local_defs(store))
 
 
 def test_every_shard_published_from_cached_latents_only(env):
-    fs = env.fs
-    shards = registered_shards(fs)
+    store = env.feature_store
+    shards = registered_shards(store)
     assert len(shards) >= 6 and set(env.first["shards"]) == set(shards)
     total = 0
     for s in shards:
         md = env.first["shards"][s]
-        clips = fs.committed(s)["clips"]
+        clips = store.committed(s)["clips"]
         assert md["skipped"] is False and md["rows"] == clips and md["aam_version"] == env.v1
         assert md["clips_per_s"] > 0
         # a full-width adapter reports how far it moved the latents; a keep adapter publishes fewer dims
-        assert md["max_abs_change"] > 0 if "max_abs_change" in md else md["dim"] < fs.committed(s)["dim"]
-        table = pq.read_table(pub.anonymized_path(fs, env.v1, s))
+        assert md["max_abs_change"] > 0 if "max_abs_change" in md else md["dim"] < store.committed(s)["dim"]
+        table = pq.read_table(pub.anonymized_path(store, env.v1, s))
         assert table.num_rows == clips and table.schema.field("feature").type.list_size == md["dim"]
         # the only vector column is `feature`, and none of its rows is a raw latent
         assert [f.name for f in table.schema if str(f.type).startswith(("fixed_size_list", "list"))] == ["feature"]
-        pub.assert_no_raw_latents(table, fs.read_shard(s, with_static=False).clips)
+        pub.assert_no_raw_latents(table, store.read_shard(s, with_static=False).clips)
         total += clips
-    assert pub.current_version(fs) == env.v1
+    assert pub.current_version(store) == env.v1
     assert env.first["catalog"]["rows"]["anonymized_features"] == total
     assert env.first["catalog"]["aam_version"] == env.v1
 
@@ -157,8 +157,8 @@ def test_publish_says_what_it_did(env):
 
 
 def test_rerun_skips_a_published_shard(env):
-    shard = registered_shards(env.fs)[0]
-    path = pub.anonymized_path(env.fs, env.v1, shard)
+    shard = registered_shards(env.feature_store)[0]
+    path = pub.anonymized_path(env.feature_store, env.v1, shard)
     before = path.stat().st_mtime_ns
     out = run_reanonymize(env.inst, env.store, shard_keys=[shard], catalog=False)
     assert out["shards"][shard]["skipped"] is True and out["shards"][shard]["clips_per_s"] == 0
@@ -176,11 +176,11 @@ def test_catalog_asset_is_idempotent_and_records_runs(env):
     same = lambda r: {k: v for k, v in r.items() if k not in ("runs", "storage")}  # noqa: E731
     assert same(a["rows"]) == same(b["rows"])
     assert b["rows"]["runs"] == a["rows"]["runs"] + 1  # the second build's own run
-    runs = analyst.query(env.fs, "SELECT run_id, job, status, finished_at FROM runs").to_pylist()
+    runs = analyst.query(env.feature_store, "SELECT run_id, job, status, finished_at FROM runs").to_pylist()
     by_id = {r["run_id"]: r for r in runs}
     assert by_id[res.run_id]["status"] == "STARTED"  # its own run, as of its build
     done = [r for r in runs if r["status"] == "SUCCESS"]
-    assert len(done) >= len(registered_shards(env.fs)) + 1 and all(r["finished_at"] for r in done)
+    assert len(done) >= len(registered_shards(env.feature_store)) + 1 and all(r["finished_at"] for r in done)
 
 
 def test_cli_sql_and_neighbors(env, capsys):
@@ -190,13 +190,13 @@ def test_cli_sql_and_neighbors(env, capsys):
     assert rc == 0 and out.splitlines()[0].split() == ["dataset", "split", "clips"] and "rows)" in out
     rc, out, _ = cli(capsys, "--store", root, "sql", "SELECT count(*) AS n FROM anonymized_features",
                      "--format", "json")
-    total = sum(env.fs.committed(s)["clips"] for s in registered_shards(env.fs))
+    total = sum(env.feature_store.committed(s)["clips"] for s in registered_shards(env.feature_store))
     assert rc == 0 and json.loads(out) == [{"n": total}]
     rc, out, _ = cli(capsys, "--store", root, "sql", "SELECT video_id, dataset FROM videos ORDER BY ALL LIMIT 2",
                      "--format", "csv")
     assert rc == 0 and out.splitlines()[0] == "video_id,dataset" and len(out.splitlines()) == 3
 
-    vid, ds = analyst.query(env.fs, "SELECT video_id, dataset FROM anonymized_features WHERE dataset = 'ar' "
+    vid, ds = analyst.query(env.feature_store, "SELECT video_id, dataset FROM anonymized_features WHERE dataset = 'ar' "
                                 "ORDER BY video_id LIMIT 1").to_pylist()[0].values()
     rc, out, _ = cli(capsys, "--store", root, "neighbors", vid, "--dataset", ds, "--k", "3", "--format", "json")
     rows = json.loads(out)
@@ -225,13 +225,13 @@ def test_cli_sql_and_neighbors(env, capsys):
 
 
 def test_new_aam_sensor_rolls_out_a_second_version(env):
-    fs = env.fs
+    store = env.feature_store
     v2 = train_aam(env.inst, env.store, seed=1)
-    assert v2 != env.v1 and pub.current_version(fs) == env.v1  # recorded, not current before it is published
-    assert target_versions(fs) == [env.v1, v2]
+    assert v2 != env.v1 and pub.current_version(store) == env.v1  # recorded, not current before it is published
+    assert target_versions(store) == [env.v1, v2]
     tick = sensor_tick(reanonymize_on_new_aam, env)
     reqs = tick.run_requests
-    shards = registered_shards(fs)
+    shards = registered_shards(store)
     assert sorted(r.partition_key for r in reqs) == shards
     assert all(r.run_config["ops"]["anonymized_features"]["config"]["aam_version"] == v2 for r in reqs)
     assert len({r.run_key for r in reqs}) == len(reqs) and all(r.tags["splavu/trigger"] == "new_aam" for r in reqs)
@@ -239,12 +239,12 @@ def test_new_aam_sensor_rolls_out_a_second_version(env):
     for r in reqs[:-1]:
         md = execute(env, r)
         assert md["aam_version"] == v2 and md["is_current"] is False
-    assert pub.current_version(fs) == env.v1  # not current until every registered shard has its table
+    assert pub.current_version(store) == env.v1  # not current until every registered shard has its table
     md = execute(env, reqs[-1])
-    assert md["is_current"] is True and pub.current_version(fs) == v2
+    assert md["is_current"] is True and pub.current_version(store) == v2
     # both versions coexist, each complete and readable
     for v in (env.v1, v2):
-        assert shards_lacking(fs, v) == [] and pub.read_anonymized(fs, version=v).num_rows > 0
+        assert shards_lacking(store, v) == [] and pub.read_anonymized(store, version=v).num_rows > 0
     assert sensor_tick(reanonymize_on_new_aam, env, cursor=tick.cursor).run_requests == []  # event consumed
     again = sensor_tick(reanonymize_on_new_aam, env)  # same event, but every table exists now
     assert again.run_requests == [] and "already have complete tables" in again.skip_message
@@ -264,18 +264,18 @@ def test_catalog_sensor_waits_for_reanonymize_runs_then_rebuilds_once(env):
     env.inst.delete_run(busy.run_id)
     res = dg.materialize([feature_catalog], instance=env.inst, resources={"store": env.store})
     assert res.asset_materializations_for_node("feature_catalog")[0].metadata["aam_version"].value == env.v2
-    assert analyst.query(env.fs, "SELECT DISTINCT aam_version FROM anonymized_features").to_pylist() == [
+    assert analyst.query(env.feature_store, "SELECT DISTINCT aam_version FROM anonymized_features").to_pylist() == [
         {"aam_version": env.v2}]
 
 
 def test_new_shard_sensor_requests_only_shards_lacking_tables(env):
     from splavu_core.datasets import register_dataset
 
-    fs = env.fs
+    store = env.feature_store
     # a new dataset arrives (as from the inbox): register it, and give it latents (a copy of ar-000's)
-    assert register_dataset(fs, "extra", env.bench / "ar" / "manifest.csv", shard_size=10 ** 6) == ["extra-000"]
-    shutil.copytree(fs.shard_dir("ar-000"), fs.shard_dir("extra-000"))
-    shutil.copy(fs.shard_manifest_path("ar-000"), fs.shard_manifest_path("extra-000"))
+    assert register_dataset(store, "extra", env.bench / "ar" / "manifest.csv", shard_size=10 ** 6) == ["extra-000"]
+    shutil.copytree(store.shard_dir("ar-000"), store.shard_dir("extra-000"))
+    shutil.copy(store.shard_manifest_path("ar-000"), store.shard_manifest_path("extra-000"))
     for shard in ("ar-000", "extra-000"):  # clip_latents materialisations: one old shard, one new
         env.inst.report_runless_asset_event(dg.AssetMaterialization("clip_latents", partition=shard))
     # a shard that is not a partition yet is added by the sensor's own request (raw result, unresolved)
@@ -287,19 +287,19 @@ def test_new_shard_sensor_requests_only_shards_lacking_tables(env):
             for r in tick.run_requests] == [("extra-000", env.v2)]
     assert tick.dynamic_partitions_requests == []
     md = execute(env, tick.run_requests[0])
-    assert md["skipped"] is False and md["is_current"] is True and shards_lacking(fs, env.v2) == []
+    assert md["skipped"] is False and md["is_current"] is True and shards_lacking(store, env.v2) == []
     later = sensor_tick(anonymize_new_shards, env, cursor=tick.cursor)
     assert later.run_requests == [] and "no new clip_latents" in later.skip_message
 
 
 def test_a_rollback_sticks(env):
-    fs = env.fs
-    pub.set_current(fs, env.v1)  # roll back by hand
-    assert target_versions(fs) == [env.v1]  # v2 was current once: it is not "being rolled out" again
-    assert shards_lacking(fs, env.v1) == ["extra-000"]
-    current, why = maybe_promote(fs, env.v2)  # v2 is complete, but must not undo the rollback
-    assert current is False and "made current once before" in why and pub.current_version(fs) == env.v1
-    pub.set_current(fs, env.v2)
+    store = env.feature_store
+    pub.set_current(store, env.v1)  # roll back by hand
+    assert target_versions(store) == [env.v1]  # v2 was current once: it is not "being rolled out" again
+    assert shards_lacking(store, env.v1) == ["extra-000"]
+    current, why = maybe_promote(store, env.v2)  # v2 is complete, but must not undo the rollback
+    assert current is False and "made current once before" in why and pub.current_version(store) == env.v1
+    pub.set_current(store, env.v2)
 
 
 def test_schedule_is_defined_stopped_and_requests_what_is_missing(env, monkeypatch):
@@ -312,7 +312,7 @@ def test_schedule_is_defined_stopped_and_requests_what_is_missing(env, monkeypat
     with schedule_ticks(env) as tick:
         nothing = tick()
         assert nothing.run_requests == [] and "complete table" in nothing.skip_message
-        gone = pub.anonymized_path(env.fs, env.v2, "tad-000")
+        gone = pub.anonymized_path(env.feature_store, env.v2, "tad-000")
         gone.unlink()
         reqs = tick().run_requests
     assert [r.partition_key for r in reqs] == ["tad-000"] and reqs[0].tags["splavu/trigger"] == "cron"
@@ -320,22 +320,22 @@ def test_schedule_is_defined_stopped_and_requests_what_is_missing(env, monkeypat
 
 
 def test_retention_keeps_the_newest_versions(env):
-    fs = env.fs
+    store = env.feature_store
     req = dg.RunRequest(partition_key="ar-000", run_config={"ops": {"anonymized_features": {"config": {
         "aam_version": env.v2, "retention": 1}}}})
     md = execute(env, req)
     assert md["skipped"] is True and md["retention"]["deleted"] == [env.v1]
-    assert not pub.anonymized_dir(fs, env.v1).exists() and shards_lacking(fs, env.v2) == []
-    assert pub.read_anonymized(fs).num_rows == sum(fs.committed(s)["clips"] for s in registered_shards(fs))
+    assert not pub.anonymized_dir(store, env.v1).exists() and shards_lacking(store, env.v2) == []
+    assert pub.read_anonymized(store).num_rows == sum(store.committed(s)["clips"] for s in registered_shards(store))
 
 
-def _snapshot(fs):
-    return {p: p.read_bytes() for p in sorted((fs.root / "anonymized").rglob("*.parquet"))}
+def _snapshot(store):
+    return {p: p.read_bytes() for p in sorted((store.root / "anonymized").rglob("*.parquet"))}
 
 
 def test_missing_or_foreign_aam_is_a_clear_error_and_tables_stay_readable(env, tiny_store):
-    fs = env.fs
-    before = _snapshot(fs)
+    feature_store = env.feature_store
+    before = _snapshot(feature_store)
 
     def publish(store, version, pattern):
         with pytest.raises(pub.PublishError, match=pattern):
@@ -344,8 +344,8 @@ def test_missing_or_foreign_aam_is_a_clear_error_and_tables_stay_readable(env, t
                                "aam_version": version}}}})
 
     publish(env.store, "0123456789abcdef", "is not recorded .* materialise aam_model first")
-    aam_dir = fs.root / "aam" / env.v2
-    aside = fs.root / "aam_aside"
+    aam_dir = feature_store.root / "aam" / env.v2
+    aside = feature_store.root / "aam_aside"
     aam_dir.rename(aside)  # recorded, but the adapter files are gone
     try:
         publish(env.store, "", r"no AAM adapter at .*train aam_model first")
@@ -354,15 +354,15 @@ def test_missing_or_foreign_aam_is_a_clear_error_and_tables_stay_readable(env, t
     # an adapter trained on another encoder's latents, copied into the store by hand
     from splavu_core.aam import AAMConfig, AnonymizingAdapter, save_adapter
 
-    cfg = AAMConfig(dim=fs.committed("ar-000")["dim"], layers=1, heads=2, sub_tokens=4, token_width=16)
-    tmp = fs.root / "aam" / "foreign-tmp"
+    cfg = AAMConfig(dim=feature_store.committed("ar-000")["dim"], layers=1, heads=2, sub_tokens=4, token_width=16)
+    tmp = feature_store.root / "aam" / "foreign-tmp"
     foreign = save_adapter(AnonymizingAdapter(cfg), cfg, tmp, "videomae-other")
-    tmp.rename(fs.root / "aam" / foreign)
+    tmp.rename(feature_store.root / "aam" / foreign)
     publish(env.store, foreign, "trained on latents of encoder 'videomae-other'.*refusing to mix")
-    shutil.rmtree(fs.root / "aam" / foreign)
-    assert _snapshot(fs) == before  # nothing published, nothing removed
-    assert pub.read_anonymized(fs).num_rows > 0
-    assert analyst.query(fs, "SELECT count(*) AS n FROM anonymized_features").to_pylist()[0]["n"] > 0
+    shutil.rmtree(feature_store.root / "aam" / foreign)
+    assert _snapshot(feature_store) == before  # nothing published, nothing removed
+    assert pub.read_anonymized(feature_store).num_rows > 0
+    assert analyst.query(feature_store, "SELECT count(*) AS n FROM anonymized_features").to_pylist()[0]["n"] > 0
 
     fresh = env.tmp.mktemp("noaam") / "store"  # a store that never had an AAM
     shutil.copytree(tiny_store, fresh)
@@ -408,16 +408,16 @@ def test_definitions_wire_up():
 
 def test_a_version_failing_the_budget_stays_out(env, monkeypatch):
     monkeypatch.setenv("SPLAVU_PRIVACY_BUDGET", "1.01")  # no adapter removes more than all leakage
-    before = pub.current_version(env.fs)
+    before = pub.current_version(env.feature_store)
     v = train_aam(env.inst, env.store, seed=5)
     out = run_reanonymize(env.inst, env.store, version=v, catalog=False)
-    assert shards_lacking(env.fs, v) == []  # every table written...
-    assert pub.current_version(env.fs) == before  # ...but the version never became current
+    assert shards_lacking(env.feature_store, v) == []  # every table written...
+    assert pub.current_version(env.feature_store) == before  # ...but the version never became current
     last = [md for md in out["shards"].values() if "budget" in str(md.get("promotion", ""))]
     assert last and "not made current" in last[-1]["promotion"]
-    assert "budget 1.01" in pub.refused_versions(env.fs)[v]["why"]  # recorded for the analysts' notice
-    cat.build_catalog(env.fs)  # and the refused table stays out of the analysts' catalog
-    assert v not in analyst.query(env.fs, "SELECT DISTINCT aam_version FROM anonymized_features_all")["aam_version"].to_pylist()
+    assert "budget 1.01" in pub.refused_versions(env.feature_store)[v]["why"]  # recorded for the analysts' notice
+    cat.build_catalog(env.feature_store)  # and the refused table stays out of the analysts' catalog
+    assert v not in analyst.query(env.feature_store, "SELECT DISTINCT aam_version FROM anonymized_features_all")["aam_version"].to_pylist()
 
 
 def test_cli_store_option_after_the_subcommand(env, capsys):

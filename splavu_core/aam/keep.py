@@ -95,12 +95,13 @@ def _normalised(s: np.ndarray) -> np.ndarray:
     return s / max(np.trace(s), 1e-12)
 
 
-def fit_keep(task_videos: dict[str, Sequence[VideoFeatures]], static: np.ndarray, k: int,
-             w_motion: float = 0.0, w_app: float = 0.0, ridge: float = 1e-3, tad_phases: int = 3,
-             w_dynamic: float = 0.0, dynamic: Sequence[np.ndarray] = ()) -> KeepFit:
+def fit_keep(task_videos: dict[str, Sequence[VideoFeatures]], static: np.ndarray, k: int, *,
+             w_motion: float, w_app: float, ridge: float, tad_phases: int, w_dynamic: float,
+             dynamic: Sequence[np.ndarray] = ()) -> KeepFit:
     """task_videos: task -> its training videos (only the tasks to keep); static: (V, K, D) static clips of the
     training videos (used unlabelled, for S_app); dynamic: per static-bearing video, its moving clips minus its
-    static clips' mean, (n_i, D) each (unlabelled, for S_dyn). Returns the k-wide projection."""
+    static clips' mean, (n_i, D) each (unlabelled, for S_dyn). Returns the k-wide projection. The weights have no
+    defaults here: TrainConfig's keep_* fields are their one source (train.fit_utility_keep)."""
     unknown = set(task_videos) - set(KEEP_TASKS)
     assert not unknown, f"unknown task(s) {sorted(unknown)}; choose from {KEEP_TASKS}"
     videos = [v for vs in task_videos.values() for v in vs]
@@ -157,8 +158,9 @@ class RecentreFit:
     gate: np.ndarray         # () squared Mahalanobis distance past which a video is moved less (a training quantile)
 
 
-def fit_recentre(means: np.ndarray, labels: Sequence[str], quantile: float = 0.8, shrink: float = 1e-3) -> RecentreFit:
-    """means: (V, k) kept video means of the labelled training videos; labels: (V,) their class."""
+def fit_recentre(means: np.ndarray, labels: Sequence[str], quantile: float, shrink: float = 1e-3) -> RecentreFit:
+    """means: (V, k) kept video means of the labelled training videos; labels: (V,) their class; quantile:
+    TrainConfig.recentre_quantile."""
     labels = np.asarray(labels)
     classes = np.unique(labels)
     assert len(classes) >= 2, f"recentring needs >= 2 classes, got {classes.tolist()}"

@@ -16,7 +16,7 @@ over those S tokens keeps the adapter non-linear even when it sees one clip at a
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 import torch.nn as nn
@@ -40,22 +40,38 @@ DEFAULT_ADAPTER = {"keep": 14, "layers": 0, "mixer": "mlp", "recentre": True}
 PREVIOUS_DEFAULT_ADAPTER = {"keep": 0, "layers": 2, "mixer": "mlp", "hidden": 256, "recentre": False}
 
 
+def documented(default, doc: str, **metadata):
+    """A dataclass field with its description (metadata "doc", shown by the Dagster config and
+    docs/configuration.md) and any other metadata: "section" ("erasure" or "loop": the stage that alone reads it,
+    see train.config_fields), "derived" (training sets it, not the user)."""
+    return field(default=default, metadata={"doc": doc, **metadata})
+
+
 @dataclass
 class AAMConfig:
-    dim: int                    # D: feature width of the frozen encoder
-    layers: int = 3             # residual attention blocks (paper: 3 ~ 5)
-    heads: int = 8              # attention heads (paper: 8 best); must divide token_width
-    sub_tokens: int = 8         # S: each D-vector is split into S sub-tokens of D/S values; must divide D
-    token_width: int = 64       # W: width of a sub-token inside the blocks (8 heads x 8 dims by default)
-    ffn: bool = False           # add a pre-norm GELU MLP branch after each attention (official AAM has none)
-    clip_context: bool = False  # also attend over the video's own clips; then anonymizing needs whole videos
-    erase_rank: int = 0         # k: a fitted linear erasure of k appearance directions runs first (0 = none)
-    mixer: str = "attention"    # residual blocks: "attention" (sub-token attention, as above) or "mlp" (per clip)
-    hidden: int = 256           # width of an "mlp" block (D -> hidden -> D)
-    oracle: bool = False        # trained WITH private-attribute labels: a diagnostic, never publishable
-    keep: int = 0               # k: publish only a fitted k-dim utility subspace (aam/keep.py); 0 = D wide
-    recentre: bool = False      # replace each video's kept mean by its expected class centroid (needs keep)
-    classes: int = 0            # C: class centroids of the recentring stage (set by training, like dim)
+    dim: int = field(metadata={"doc": "D: feature width of the frozen encoder", "derived": True})
+    layers: int = documented(3, "trained residual blocks (paper: 3 ~ 5); 0 (mixer mlp): the fitted stages alone, "
+                             "nothing to train")
+    heads: int = documented(8, "attention heads (paper: 8 best); must divide token_width", section="loop")
+    sub_tokens: int = documented(8, "S: each D-vector is split into S sub-tokens of D/S values; must divide D",
+                                 section="loop")
+    token_width: int = documented(64, "W: width of a sub-token inside the blocks (8 heads x 8 dims by default)",
+                                  section="loop")
+    ffn: bool = documented(False, "add a pre-norm GELU MLP branch after each attention (official AAM has none)",
+                           section="loop")
+    clip_context: bool = documented(False, "also attend over the video's own clips; then anonymizing needs whole "
+                                    "videos", section="loop")
+    erase_rank: int = documented(0, "k: a fitted linear erasure of k appearance directions runs first (0 = none)",
+                                 section="erasure")
+    mixer: str = documented("attention", "residual blocks: \"attention\" (sub-token attention) or \"mlp\" (per "
+                            "clip; keep needs it)", section="loop")
+    hidden: int = documented(256, "width of an \"mlp\" block (D -> hidden -> D)", section="loop")
+    oracle: bool = documented(False, "trained WITH private-attribute labels: a diagnostic, never publishable",
+                              derived=True)
+    keep: int = documented(0, "k: publish only a fitted k-dim utility subspace (aam/keep.py); 0 = D wide")
+    recentre: bool = documented(False, "replace each video's kept mean by its expected class centroid (needs keep)")
+    classes: int = documented(0, "C: class centroids of the recentring stage (set by training, like dim)",
+                              derived=True)
 
     def __post_init__(self):
         for f in fields(self):

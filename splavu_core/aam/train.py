@@ -27,7 +27,7 @@ from ..heads import (ADHead, ARHead, TADHead, ad_mil_loss, ad_segments, pad_sequ
                      tad_loss, tad_targets)
 from .diagnostics import PairCritic, heldout_split, pair_matching_report
 from .losses import confusion, info_nce, nt_xent
-from .model import DEFAULT_ADAPTER, AAMConfig, AnonymizingAdapter
+from .model import DEFAULT_ADAPTER, AAMConfig, AnonymizingAdapter, documented
 
 TASKS = ("ar", "tad", "ad")
 
@@ -41,55 +41,130 @@ PAIRS = ("static_static", "static_action", "both")
 
 
 @dataclass
-class TrainConfig:
-    tasks: tuple = TASKS                 # utility tasks co-trained (any subset; empty = privacy + LC only)
-    w_lc: float = 1.0                    # on variance-normalised LC (README: the sweep behind this choice)
-    w_ar: float = 1.0
-    w_tad: float = 1.0
-    w_ad: float = 1.0
-    w_b: float = 1.0
-    temperature: float = 0.1
-    lr: float = 1e-3                     # AAM + AR head
-    head_lr: float = 1e-3                # TAD / AD heads (own optimizers)
-    epochs: int = 30
-    batch: int = 128                     # clips per step (AR); pairs per step: batch (critic), batch // 4 (ntxent)
-    pretrain_head_epochs: int = 30       # TAD / AD heads first fit on raw features
-    seed: int = 0
-    selection: str = "val_ar"            # keep the epoch with the best validation AR top-1 ("last": final epoch)
-    adapter: dict = field(default_factory=lambda: dict(DEFAULT_ADAPTER))  # AAMConfig fields (model.py)
-    # privacy objective: "ntxent" = the paper's (maximise a fixed-cosine NT-Xent of two static clips);
-    # "critic" = a learned critic matches pairs of one video, the adapter is trained to confuse it
-    privacy: str = "critic"
-    pairs: str = "both"                  # which pairs of one video the privacy term looks at (see PAIRS)
-    critic_steps: int = 2                # critic updates per adapter step
-    critic_hidden: int = 256
-    critic_lr: float = 1e-3
-    erase_fraction: float = 0.0          # erasure rank = round(fraction * D), unless adapter sets erase_rank
-    erase_w_action: float = 1.0          # erasure fit: weight of the action-class scatter it must keep
-    erase_w_temporal: float = 0.0        # erasure fit: weight of the within-video (over time) scatter it must keep
-    keep_w_motion: float = 1.0           # keep fit (adapter keep = k): weight of within-video motion kept for unseen tasks
-    keep_w_app: float = 0.0              # keep fit: weight of between-video static (appearance) scatter to avoid
-    keep_tad_phases: int = 3             # keep fit: a TAD segment's clips labelled by class and phase (start .. end)
-    keep_w_dynamic: float = 0.0          # keep fit: weight of what motion adds to a video (moving clips minus its static clips)
-    keep_ridge: float = 0.3              # keep fit: shrinkage, isotropic variance added to the rest as a share of the total
-    recentre_quantile: float = 0.8       # recentring (adapter recentre): videos farther from every trained class than this share of the training videos are moved less
-    heldout_fraction: float = 0.2        # static-bearing training videos kept out of training, for diagnostics
-    diagnose_points: int = 4             # fresh-critic pair matching measured this many times during training
-    diagnose_steps: int = 300            # training steps of each fresh diagnostic critic
-    oracle: bool = False                 # DIAGNOSTIC ONLY: adversary on private-attribute labels (never publishable)
+class ErasureConfig:
+    """The closed-form appearance erasure (aam/erasure.py), a stage before keep or the trained blocks. Off by default
+    (erase_fraction 0); on in the previous default and the keep_after_erasure variant."""
+    erase_fraction: float = documented(0.0, "erasure rank = round(fraction * D), unless adapter sets erase_rank")
+    erase_w_action: float = documented(1.0, "erasure fit: weight of the action-class scatter it must keep")
+    erase_w_temporal: float = documented(0.0, "erasure fit: weight of the within-video (over time) scatter it must "
+                                         "keep")
+
+
+@dataclass
+class LoopConfig:
+    """The training loop: read only by adapters with a trained stage (adapter layers > 0). The default adapter is a
+    closed-form fit and runs no loop."""
+    selection: str = documented("val_ar", "keep the epoch with the best validation AR top-1 (\"last\": final "
+                                "epoch)")
+    epochs: int = documented(30, "epochs of the loop")
+    batch: int = documented(128, "clips per step (AR); pairs per step: batch (critic), batch // 4 (ntxent)")
+    lr: float = documented(1e-3, "learning rate of the adapter and the AR head")
+    head_lr: float = documented(1e-3, "learning rate of the TAD / AD heads (own optimizers)")
+    pretrain_head_epochs: int = documented(30, "TAD / AD heads first fit on raw (or kept) features")
+    w_lc: float = documented(1.0, "weight of the variance-normalised latent consistency term")
+    w_ar: float = documented(1.0, "weight of the AR cross-entropy")
+    w_tad: float = documented(1.0, "weight of the TAD loss")
+    w_ad: float = documented(1.0, "weight of the AD MIL loss")
+    w_b: float = documented(1.0, "weight of the privacy term (0: none)")
+    privacy: str = documented("critic", "privacy objective: \"ntxent\" = the paper's (maximise a fixed-cosine "
+                              "NT-Xent of two static clips); \"critic\" = a learned critic matches pairs of one "
+                              "video, the adapter is trained to confuse it")
+    pairs: str = documented("both", "which pairs of one video the privacy term looks at: static_static, "
+                            "static_action or both")
+    temperature: float = documented(0.1, "temperature of the NT-Xent and of the critic's InfoNCE")
+    critic_steps: int = documented(2, "critic updates per adapter step")
+    critic_hidden: int = documented(256, "width of the critic's projection")
+    critic_lr: float = documented(1e-3, "learning rate of the critic")
+    diagnose_points: int = documented(4, "fresh-critic pair matching measured this many times during the loop")
+    oracle: bool = documented(False, "DIAGNOSTIC ONLY: adversary on private-attribute labels (never publishable)")
 
     def __post_init__(self):
-        unknown = set(self.tasks) - set(TASKS)
-        if unknown:
-            raise ValueError(f"unknown task(s) {sorted(unknown)}; choose from {TASKS}")
         if self.selection not in ("val_ar", "last"):
             raise ValueError(f"selection must be 'val_ar' or 'last', got {self.selection!r}")
         if self.privacy not in PRIVACY_OBJECTIVES:
             raise ValueError(f"privacy must be one of {PRIVACY_OBJECTIVES}, got {self.privacy!r}")
         if self.pairs not in PAIRS:
             raise ValueError(f"pairs must be one of {PAIRS}, got {self.pairs!r}")
+
+
+@dataclass
+class TrainConfig:
+    """How aam_model fits an adapter. The fields at this level are the ones the default adapter (DEFAULT_ADAPTER:
+    keep + recentring, closed form) reads; `erasure` and `loop` hold what only other adapters read.
+
+    The CLI's --config, Dagster and the stored record (adapter.json's extra.train_config) name every field flat;
+    `from_flat`, `replace` and `flat` route a flat name to its section."""
+    tasks: tuple = documented(TASKS, "utility tasks fitted for (any subset; empty: the keep fit takes motion "
+                              "directions, a loop trains privacy + LC only)")
+    seed: int = documented(0, "seeds torch, the held-out split and the diagnostics")
+    adapter: dict = field(default_factory=lambda: dict(DEFAULT_ADAPTER), metadata={"doc": "AAMConfig fields"})
+    keep_w_motion: float = documented(1.0, "keep fit (adapter keep = k): weight of within-video motion kept for "
+                                      "unseen tasks")
+    keep_w_app: float = documented(0.0, "keep fit: weight of between-video static (appearance) scatter to avoid")
+    keep_tad_phases: int = documented(3, "keep fit: a TAD segment's clips labelled by class and phase (start .. end)")
+    keep_w_dynamic: float = documented(0.0, "keep fit: weight of what motion adds to a video (moving clips minus its "
+                                       "static clips)")
+    keep_ridge: float = documented(0.3, "keep fit: shrinkage, isotropic variance added to the rest as a share of the "
+                                   "total")
+    recentre_quantile: float = documented(0.8, "recentring (adapter recentre): videos farther from every trained "
+                                          "class than this share of the training videos are moved less")
+    heldout_fraction: float = documented(0.2, "static-bearing training videos the diagnostics hold out (the "
+                                         "erasure fit and the loop do not see them)")
+    diagnose_steps: int = documented(300, "training steps of each fresh diagnostic critic")
+    erasure: ErasureConfig = field(default_factory=ErasureConfig)
+    loop: LoopConfig = field(default_factory=LoopConfig)
+
+    def __post_init__(self):
+        unknown = set(self.tasks) - set(TASKS)
+        if unknown:
+            raise ValueError(f"unknown task(s) {sorted(unknown)}; choose from {TASKS}")
         if not 0 <= self.heldout_fraction < 0.5:
             raise ValueError(f"heldout_fraction must be in [0, 0.5), got {self.heldout_fraction}")
+
+    @classmethod
+    def from_flat(cls, fields: dict) -> TrainConfig:
+        """From flat field names (the CLI's --config, a stored train_config), each routed to its section."""
+        return cls().replace(**fields)
+
+    def replace(self, **fields) -> TrainConfig:
+        """A copy with flat-named fields changed: dataclasses.replace on the section that holds each."""
+        unknown = sorted(set(fields) - set(_FLAT))
+        if unknown:
+            raise ValueError(f"unknown training field(s) {unknown}; valid: {', '.join(_FLAT)}")
+        top = {n: v for n, v in fields.items() if _FLAT[n] is None}
+        sections = {s: dataclasses.replace(getattr(self, s), **{n: v for n, v in fields.items() if _FLAT[n] == s})
+                    for s in _SECTIONS}
+        return dataclasses.replace(self, **top, **sections)
+
+    def flat(self) -> dict:
+        """Every field by its flat name: what adapter.json's extra.train_config and the ablation records store, laid
+        out as before the sections, so records written before read the same (tests/test_aam_train.py)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _SECTIONS}
+        for s in _SECTIONS:
+            out.update(asdict(getattr(self, s)))
+        return copy.deepcopy(out)
+
+
+_SECTIONS = ("erasure", "loop")
+# flat name -> the section holding it (None: TrainConfig itself)
+_FLAT = {**{f.name: None for f in dataclasses.fields(TrainConfig) if f.name not in _SECTIONS},
+         **{f.name: "erasure" for f in dataclasses.fields(ErasureConfig)},
+         **{f.name: "loop" for f in dataclasses.fields(LoopConfig)}}
+SECTION_TITLES = {None: "the default adapter (closed form)", "erasure": "the erasure stage (off by default)",
+                  "loop": "trained adapters only (adapter layers > 0)"}
+
+
+def config_fields() -> list[tuple[str | None, dataclasses.Field, bool]]:
+    """What a user sets (the CLI's --config, Dagster), by flat name, as (section, field, is an AAMConfig field, i.e. a
+    key of TrainConfig.adapter): the default adapter's (section None) first, then the erasure's, then the loop's.
+    Left out: `adapter` itself (its keys are here), what training derives (AAMConfig dim, classes) and the oracle
+    flags, which only the `oracle` ablation variant sets."""
+    out = []
+    for section, cls in ((None, TrainConfig), ("erasure", ErasureConfig), ("loop", LoopConfig)):
+        out += [(section, f, False) for f in dataclasses.fields(cls) if f.name not in ("adapter", "oracle", *_SECTIONS)]
+        out += [(section, f, True) for f in dataclasses.fields(AAMConfig)
+                if f.metadata.get("section") == section and not f.metadata.get("derived")]
+    return out
 
 
 @dataclass
@@ -110,11 +185,11 @@ class TrainingData:
 def check_data(data: TrainingData, cfg: TrainConfig) -> None:
     """Refuse configurations whose tasks have no labelled data, before any step."""
     problems = []
-    if "ar" in cfg.tasks or cfg.selection == "val_ar":
+    if "ar" in cfg.tasks or cfg.loop.selection == "val_ar":
         if not data.ar_train or len(data.classes) < 2:
             problems.append("task 'ar' (or val_ar selection) needs training videos with an 'action' label "
                             f"of >= 2 classes; found {len(data.ar_train)} videos, classes {data.classes}")
-        if cfg.selection == "val_ar" and not data.ar_val:
+        if cfg.loop.selection == "val_ar" and not data.ar_val:
             problems.append("selection 'val_ar' needs 'val' videos with an 'action' label; found none")
     if "tad" in cfg.tasks and not any(v.meta.get("segments") for v in data.tad_train):
         problems.append("task 'tad' needs training videos with 'segments'; found none")
@@ -152,12 +227,12 @@ def _pretrain_heads(data, cfg, tad_head, ad_head, gen, fixed=None):
     """TAD / AD heads start from heads fitted on raw features (as the paper does); on the kept subspace
     (`fixed`: the adapter's frozen linear stages) when the adapter publishes k dims."""
     if "tad" in cfg.tasks:
-        opt = torch.optim.AdamW(tad_head.parameters(), lr=cfg.head_lr)
-        for _ in range(cfg.pretrain_head_epochs):
+        opt = torch.optim.AdamW(tad_head.parameters(), lr=cfg.loop.head_lr)
+        for _ in range(cfg.loop.pretrain_head_epochs):
             tad_step(tad_head, data, data.tad_train, fixed, opt, gen)
     if "ad" in cfg.tasks:
-        opt = torch.optim.AdamW(ad_head.parameters(), lr=cfg.head_lr, weight_decay=5e-4)
-        for _ in range(cfg.pretrain_head_epochs):
+        opt = torch.optim.AdamW(ad_head.parameters(), lr=cfg.loop.head_lr, weight_decay=5e-4)
+        for _ in range(cfg.loop.pretrain_head_epochs):
             loss = ad_loss(ad_head, data.ad_train, fixed, gen, batch=32)
             opt.zero_grad()
             loss.backward()
@@ -326,7 +401,7 @@ def _fit_recentre_into(adapter, stage, data: TrainingData, cfg: TrainConfig, log
 
 def _fit_erasure_into(adapter, data: TrainingData, fit_idx: np.ndarray, cfg: TrainConfig, log) -> dict:
     rank = adapter.cfg.erase_rank
-    fit = fit_appearance_erasure(data, fit_idx, rank, cfg.erase_w_action, cfg.erase_w_temporal)
+    fit = fit_appearance_erasure(data, fit_idx, rank, cfg.erasure.erase_w_action, cfg.erasure.erase_w_temporal)
     _load_buffers(adapter.erase, mean=fit.mean, read=fit.read, write=fit.write)
     ev = fit.eigenvalues
     if log:
@@ -354,13 +429,14 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
     summary["diagnostics"]: fresh-critic pair matching on held-out videos before (raw) and after the adapter,
     during training and for the selected adapter (aam.diagnostics)."""
     check_data(data, cfg)
-    if cfg.oracle and data.attributes is None:
+    loop = cfg.loop
+    if loop.oracle and data.attributes is None:
         raise TrainingDataError("the oracle variant needs private-attribute labels (load_oracle_labels); "
                                 "it is a diagnostic and is never trained by default")
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     adapter_kw = dict(cfg.adapter)
-    adapter_kw.setdefault("erase_rank", int(round(cfg.erase_fraction * data.dim)))
+    adapter_kw.setdefault("erase_rank", int(round(cfg.erasure.erase_fraction * data.dim)))
     if adapter_kw.get("recentre"):  # the centroids are the trained actions' (+ AD's): without task 'ar' there are none
         n_classes = len(set(recentre_classes(data, cfg.tasks)[1]))  # the centroids fit_recentre will find
         if n_classes >= 2:
@@ -369,7 +445,7 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
             adapter_kw["recentre"] = False
             if log:
                 log("recentre: off (it recentres on the trained actions' centroids; task 'ar' is not trained)")
-    acfg = AAMConfig(dim=data.dim, oracle=cfg.oracle, **adapter_kw)
+    acfg = AAMConfig(dim=data.dim, oracle=loop.oracle, **adapter_kw)
     adapter = AnonymizingAdapter(acfg)
     C, out = len(data.classes), acfg.out_dim                       # heads read the published width
 
@@ -397,15 +473,15 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
     pool = torch.cat([x_ar, static.flatten(0, 1)]) if len(x_ar) else static.flatten(0, 1)
     with torch.no_grad():                                           # LC normaliser: mean per-dimension variance
         scale = float((adapter.fixed_stages(pool) if acfg.keep else pool).var(0).mean())
-    opt = torch.optim.AdamW(list(adapter.parameters()) + list(ar_head.parameters()), lr=cfg.lr)
-    opt_tad = torch.optim.AdamW(tad_head.parameters(), lr=cfg.head_lr)
-    opt_ad = torch.optim.AdamW(ad_head.parameters(), lr=cfg.head_lr, weight_decay=5e-4)
-    sampler = PairSampler(data, fit_idx, cfg.pairs, gen)
-    critic = PairCritic(out, cfg.critic_hidden) if cfg.privacy == "critic" else None
-    opt_critic = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr) if critic else None
-    oracle = _Oracle(data, fit_idx, cfg, out) if cfg.oracle else None
-    steps_per_epoch = max(1, len(x_ar) // cfg.batch) if len(x_ar) else max(1, len(fit_idx) // max(2, cfg.batch // 4))
-    diag_epochs = set(np.linspace(1, cfg.epochs, cfg.diagnose_points).round().astype(int).tolist()) if diagnose else set()
+    opt = torch.optim.AdamW(list(adapter.parameters()) + list(ar_head.parameters()), lr=loop.lr)
+    opt_tad = torch.optim.AdamW(tad_head.parameters(), lr=loop.head_lr)
+    opt_ad = torch.optim.AdamW(ad_head.parameters(), lr=loop.head_lr, weight_decay=5e-4)
+    sampler = PairSampler(data, fit_idx, loop.pairs, gen)
+    critic = PairCritic(out, loop.critic_hidden) if loop.privacy == "critic" else None
+    opt_critic = torch.optim.AdamW(critic.parameters(), lr=loop.critic_lr) if critic else None
+    oracle = _Oracle(data, fit_idx, loop, out) if loop.oracle else None
+    steps_per_epoch = max(1, len(x_ar) // loop.batch) if len(x_ar) else max(1, len(fit_idx) // max(2, loop.batch // 4))
+    diag_epochs = set(np.linspace(1, loop.epochs, loop.diagnose_points).round().astype(int).tolist()) if diagnose else set()
     diag = {"raw": _round(pair_matching_report(data.static, data.static_actions, fit_idx, held_idx, seed=cfg.seed,
                                                 steps=cfg.diagnose_steps))
             if diagnose else None, "during": []}
@@ -413,24 +489,24 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
     t0 = time.perf_counter()
     if not trainable and log:
         log("closed-form adapter (no trainable stage): nothing to train after the fit")
-    for epoch in range(1, cfg.epochs + 1 if trainable else 1):
+    for epoch in range(1, loop.epochs + 1 if trainable else 1):
         sums = {}
         for _ in range(steps_per_epoch):
             parts = {}
             # clips for LC (+ AR): a random batch of training clips (static clips when no AR data)
             if len(x_ar):
-                idx = torch.randint(len(x_ar), (cfg.batch,), generator=gen)
+                idx = torch.randint(len(x_ar), (loop.batch,), generator=gen)
                 h = x_ar[idx]
             else:
-                h = pool[torch.randint(len(pool), (cfg.batch,), generator=gen)]
+                h = pool[torch.randint(len(pool), (loop.batch,), generator=gen)]
             z = adapter(h)                                          # (B, D)
             target = adapter.fixed_stages(h).detach()               # consistency with the erased / kept space
             parts["lc"] = F.mse_loss(z, target) / scale
             if "ar" in cfg.tasks:
                 parts["ar"] = F.cross_entropy(ar_head(z), y_ar[idx])
-            a, b, rows = sampler.sample(cfg.batch if cfg.privacy == "critic" else max(2, cfg.batch // 4))
-            if cfg.w_b > 0:
-                parts["privacy"] = _privacy_term(adapter, critic, opt_critic, a, b, cfg)
+            a, b, rows = sampler.sample(loop.batch if loop.privacy == "critic" else max(2, loop.batch // 4))
+            if loop.w_b > 0:
+                parts["privacy"] = _privacy_term(adapter, critic, opt_critic, a, b, loop)
             if oracle is not None:
                 parts["oracle"] = oracle.step(adapter, a, b, rows)
             if "tad" in cfg.tasks:
@@ -439,9 +515,9 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
             if "ad" in cfg.tasks:
                 parts["ad"] = ad_loss(ad_head, data.ad_train, adapter, gen)
             privacy = parts.get("privacy", 0)
-            sign = -1.0 if cfg.privacy == "ntxent" else 1.0         # the paper maximises its NT-Xent
-            loss = (cfg.w_lc * parts["lc"] + cfg.w_ar * parts.get("ar", 0) + cfg.w_tad * parts.get("tad", 0)
-                    + cfg.w_ad * parts.get("ad", 0) + sign * cfg.w_b * privacy + cfg.w_b * parts.get("oracle", 0))
+            sign = -1.0 if loop.privacy == "ntxent" else 1.0              # the paper maximises its NT-Xent
+            loss = (loop.w_lc * parts["lc"] + loop.w_ar * parts.get("ar", 0) + loop.w_tad * parts.get("tad", 0)
+                    + loop.w_ad * parts.get("ad", 0) + sign * loop.w_b * privacy + loop.w_b * parts.get("oracle", 0))
             opt.zero_grad()
             opt_tad.zero_grad()
             opt_ad.zero_grad()
@@ -451,7 +527,7 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
             opt_tad.step()
             opt_ad.step()
             logged = {**parts, "total": loss}
-            if critic is not None and cfg.w_b > 0:
+            if critic is not None and loop.w_b > 0:
                 logged["privacy"] = critic.last_match_loss          # the objective's own value: critic InfoNCE
             for name, v in logged.items():
                 sums[name] = sums.get(name, 0.0) + float(v.detach() if torch.is_tensor(v) else v) / steps_per_epoch
@@ -464,11 +540,11 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
             diag["during"].append({"epoch": epoch, **d})
             entry.update({f"pm_{k}": v for k, v in d.items() if k not in ("chance", "group", "heldout")})
         history.append(entry)
-        score = val if (cfg.selection == "val_ar" and val is not None) else epoch
+        score = val if (loop.selection == "val_ar" and val is not None) else epoch
         if score >= best[0]:
             best = (score, copy.deepcopy(adapter.state_dict()), epoch)
-        if log and (epoch % max(1, cfg.epochs // 10) == 0 or epoch == 1):
-            log(f"epoch {epoch}/{cfg.epochs} " + " ".join(f"{k} {v:.4f}" for k, v in sums.items())
+        if log and (epoch % max(1, loop.epochs // 10) == 0 or epoch == 1):
+            log(f"epoch {epoch}/{loop.epochs} " + " ".join(f"{k} {v:.4f}" for k, v in sums.items())
                 + (f" val_ar_top1 {val:.3f}" if val is not None else "")
                 + "".join(f" {k} {v:.3f}" for k, v in entry.items() if k.startswith("pm_")))
     adapter.load_state_dict(best[1])
@@ -482,7 +558,7 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
                 + ", ".join(f"{k} {diag['raw'][k]:.3f} -> {diag['selected'][k]:.3f}"
                             for k in diag["raw"] if k != "chance"))
     summary = {"selected_epoch": best[2], "history": history, "seconds": round(time.perf_counter() - t0, 2),
-               "lc_scale": scale, "train_config": asdict(cfg), "erasure": erasure, "keep": keep,
+               "lc_scale": scale, "train_config": cfg.flat(), "erasure": erasure, "keep": keep,
                "diagnostics": diag if diagnose else None, "heldout_videos": int(len(held_idx)),
                "final": history[best[2] - 1] if best[2] else {},
                "parameters": sum(p.numel() for p in adapter.parameters())}
@@ -493,20 +569,20 @@ def _round(d: dict) -> dict:
     return {k: round(v, 4) for k, v in d.items()}
 
 
-def _privacy_term(adapter, critic, opt_critic, a, b, cfg: TrainConfig) -> torch.Tensor:
+def _privacy_term(adapter, critic, opt_critic, a, b, loop: LoopConfig) -> torch.Tensor:
     """The paper's NT-Xent of the adapter outputs (caller maximises it), or the learned critic's confusion."""
     za, zb = adapter(a), adapter(b)                                  # (n, D) each
     if critic is None:
-        return nt_xent(za, zb, cfg.temperature)
-    for _ in range(cfg.critic_steps):                                # the critic catches up on detached outputs
-        loss_c = info_nce(critic.logits(za.detach(), zb.detach(), cfg.temperature))
+        return nt_xent(za, zb, loop.temperature)
+    for _ in range(loop.critic_steps):                               # the critic catches up on detached outputs
+        loss_c = info_nce(critic.logits(za.detach(), zb.detach(), loop.temperature))
         opt_critic.zero_grad()
         loss_c.backward()
         opt_critic.step()
     critic.last_match_loss = loss_c.detach()
     for p in critic.parameters():                                    # only the adapter learns from the confusion
         p.requires_grad_(False)
-    conf = confusion(critic.logits(za, zb, cfg.temperature))
+    conf = confusion(critic.logits(za, zb, loop.temperature))
     for p in critic.parameters():
         p.requires_grad_(True)
     return conf
@@ -516,13 +592,13 @@ class _Oracle:
     """DIAGNOSTIC ONLY: a supervised attribute attacker on the training actors' private labels; the adapter
     is trained to push its predictions to the attributes' prevalence. Shows what this encoder permits at all."""
 
-    def __init__(self, data: TrainingData, fit_idx: np.ndarray, cfg: TrainConfig, width: int):
+    def __init__(self, data: TrainingData, fit_idx: np.ndarray, loop: LoopConfig, width: int):
         y = torch.from_numpy(np.asarray(data.attributes, np.float32)[fit_idx])   # (V, A)
         self.y, self.prior = y, y.mean(0).clamp(0.02, 0.98)
         D, A = width, y.shape[1]                                    # D: the adapter's output width
         self.net = nn.Sequential(nn.Linear(D, D), nn.ReLU(), nn.Linear(D, A))
         self.opt = torch.optim.AdamW(self.net.parameters(), lr=1e-3)
-        self.steps = cfg.critic_steps
+        self.steps = loop.critic_steps
 
     def step(self, adapter, a, b, rows) -> torch.Tensor:
         x = torch.cat([adapter(a), adapter(b)])                     # static and (if paired) moving clips

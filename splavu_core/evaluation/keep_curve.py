@@ -90,14 +90,14 @@ class FamilyInputs:
     raw: dict                     # dataset -> raw videos
 
 
-def load_inputs(fs: FeatureStore, cfg: TrainConfig | None = None) -> FamilyInputs:
+def load_inputs(store: FeatureStore, cfg: TrainConfig | None = None) -> FamilyInputs:
     cfg = cfg or TrainConfig()
-    plan = training_plan(fs)
-    data = load_training_data(fs, plan.datasets["ar"], plan.datasets["tad"], plan.datasets["ad"])
-    ds = task_datasets(fs, {})
+    plan = training_plan(store)
+    data = load_training_data(store, plan.datasets["ar"], plan.datasets["tad"], plan.datasets["ad"])
+    ds = task_datasets(store, {})
     which = [t for t in TASKS if t in ds]
     return FamilyInputs(data, dataclasses.replace(cfg, tasks=plan.tasks), ds, which,
-                        load_feature_sets(fs, which, "raw", datasets=ds))
+                        load_feature_sets(store, which, "raw", datasets=ds))
 
 
 def family_sets(inp: FamilyInputs, ks: Sequence[int], ridges: Sequence[float] | None = None,
@@ -122,7 +122,7 @@ def family_sets(inp: FamilyInputs, ks: Sequence[int], ridges: Sequence[float] | 
     return sets, members
 
 
-def heldout_classes(fs: FeatureStore, inp: FamilyInputs, ks: Sequence[int], folds: int = 3,
+def heldout_classes(store: FeatureStore, inp: FamilyInputs, ks: Sequence[int], folds: int = 3,
                     seeds: Sequence[int] = range(5), recentres: Sequence[bool] | None = None,
                     split: str = "val") -> list[dict]:
     """Action classes nobody trained for. Per fold f, the fit sees AR alone, without the classes classes[f::folds]
@@ -140,20 +140,20 @@ def heldout_classes(fs: FeatureStore, inp: FamilyInputs, ks: Sequence[int], fold
         sub = dataclasses.replace(inp, data=data, cfg=dataclasses.replace(inp.cfg, tasks=("ar",)), which=["ar"],
                                   raw={ards: [v for v in inp.raw[ards] if v.meta.get("action") in unseen]})
         sets, members = family_sets(sub, ks, recentres=recentres)
-        raw = next(r for r in score_family(fs, sub, sets, members, [], split=split, seeds=seeds) if r["metric"] == "top1")
+        raw = next(r for r in score_family(store, sub, sets, members, [], split=split, seeds=seeds) if r["metric"] == "top1")
         out += [{**m, "fold": f, "unseen": sorted(unseen),
                  "raw_top1": [round(raw[k], 4) for k in ("value", "ci_low", "ci_high", "chance")]} for m in members]
     return out
 
 
-def score_family(fs: FeatureStore, inp: FamilyInputs, sets: dict, members: list[dict], marks: list[dict],
+def score_family(store: FeatureStore, inp: FamilyInputs, sets: dict, members: list[dict], marks: list[dict],
                  versions: Sequence[str] = (), split: str = "val", seeds: Sequence[int] = range(5), log=None) -> list:
     """Score raw, the members, the marks' sets and the published `versions` in one pass; each member and mark (a
     version added as "AAM <version>") gets its headline figures. Returns raw's rows (task, metric, interval)."""
     sets = dict(sets)
     for version in versions:
         name = f"AAM {version}"
-        sets[name] = load_feature_sets(fs, inp.which, "anonymized", version, datasets=inp.datasets)
+        sets[name] = load_feature_sets(store, inp.which, "anonymized", version, datasets=inp.datasets)
         marks.append({"name": name, "seen": ["ar", "tad", "ad"]})
     rows = score_sets({"raw": inp.raw, **sets}, inp.which, inp.datasets, split=split, seeds=list(seeds), log=log,
                       probe_kwargs={"privacy": {"attackers": SUITE_NAMES}})  # the gate's judges, as the gate
@@ -200,7 +200,7 @@ def plot_png(members: list[dict], chosen: dict | None, marks: Sequence[dict] = (
     return buf.getvalue()
 
 
-def keep_curve(fs: FeatureStore, ks: Sequence[int] = DEFAULT_KS, seeds: Sequence[int] = range(5),
+def keep_curve(store: FeatureStore, ks: Sequence[int] = DEFAULT_KS, seeds: Sequence[int] = range(5),
                versions: Sequence[str] = (), cfg: TrainConfig | None = None, budget: float | None = None,
                floor: float | None = None, extra_sets: dict | None = None, extra_marks: Sequence[dict] = (),
                inputs: FamilyInputs | None = None, log=None,
@@ -212,12 +212,12 @@ def keep_curve(fs: FeatureStore, ks: Sequence[int] = DEFAULT_KS, seeds: Sequence
     budget = privacy_threshold() if budget is None else budget
     floor = utility_fraction() if floor is None else floor
     t0 = time.perf_counter()
-    inp = inputs or load_inputs(fs, cfg)
+    inp = inputs or load_inputs(store, cfg)
     ks = [k for k in ks if 0 < k < inp.data.dim]  # k = D would publish an invertible map of the raw latents
     assert ks, f"keep_curve: no width below the latents' {inp.data.dim} dims among {ks}"
     sets, members = family_sets(inp, ks, recentres=recentres)
     marks = [dict(m) for m in extra_marks]
-    raw_rows = score_family(fs, inp, {**sets, **(extra_sets or {})}, members, marks, versions, "val", seeds, log)
+    raw_rows = score_family(store, inp, {**sets, **(extra_sets or {})}, members, marks, versions, "val", seeds, log)
     own = bool(inp.cfg.adapter.get("recentre")) and any(m["recentre"] for m in members)
     chosen = operating_point([m for m in members if m["recentre"] == own], budget, floor)
     out = {"split": "val", "seeds": list(seeds), "budget": budget, "floor": floor, "members": members,
@@ -226,8 +226,8 @@ def keep_curve(fs: FeatureStore, ks: Sequence[int] = DEFAULT_KS, seeds: Sequence
            "raw": raw_rows,
            "seconds": round(time.perf_counter() - t0, 1)}
     png = plot_png(members, chosen, marks)
-    fs.fs.write_json("reports/keep_family.json", out)
-    fs.fs.put_atomic("reports/keep_family.png", png)
+    store.files.write_json("reports/keep_family.json", out)
+    store.files.put_atomic("reports/keep_family.png", png)
     return out, png
 
 

@@ -33,7 +33,7 @@ ATTACK_TABLES = (("privacy", "Close-ups: cMAP by attacker (leakage removed)"),
 
 
 def _write_atomic(store: FeatureStore, name: str, data: bytes):
-    store.fs.put_atomic(f"reports/{name}", data)
+    store.files.put_atomic(f"reports/{name}", data)
     return store.loc("reports", name)
 
 
@@ -350,7 +350,7 @@ def write_ablation_report(store: FeatureStore, report: dict, groups: Mapping[str
 
 def read_report(store: FeatureStore, stem: str = "privacy_utility") -> dict:
     try:
-        return store.fs.read_json(f"reports/{stem}.json")
+        return store.files.read_json(f"reports/{stem}.json")
     except FileNotFoundError:
         raise FileNotFoundError(f"no report at {store.loc('reports', f'{stem}.json')}: "
                                 f"materialise privacy_utility_report first") from None

@@ -109,9 +109,9 @@ def write_metric_rows(store: FeatureStore, rows: Sequence[dict]) -> list[Path]:
         for (feature_set, version), new in groups.items():
             key = metrics_key(feature_set, version)
             tasks = {r["task"] for r in new}
-            old = metrics_table(store.fs.read_parquet(key).to_pylist()).to_pylist() if store.fs.isfile(key) else []
+            old = metrics_table(store.files.read_parquet(key).to_pylist()).to_pylist() if store.files.isfile(key) else []
             kept = [r for r in old if r["task"] not in tasks]
-            store.fs.write_parquet(key, metrics_table(kept + list(new)))
+            store.files.write_parquet(key, metrics_table(kept + list(new)))
             paths.append(store.loc(key))
     return paths
 
@@ -119,9 +119,9 @@ def write_metric_rows(store: FeatureStore, rows: Sequence[dict]) -> list[Path]:
 def read_metric_rows(store: FeatureStore, feature_set: str, aam_version: str | None) -> list[dict]:
     """The rows of one feature set (aam_version None: the raw baseline) from its metrics file ([] if none)."""
     key = metrics_key(feature_set, aam_version)
-    if not store.fs.isfile(key):
+    if not store.files.isfile(key):
         return []
-    return [r for r in metrics_table(store.fs.read_parquet(key).to_pylist()).to_pylist()
+    return [r for r in metrics_table(store.files.read_parquet(key).to_pylist()).to_pylist()
             if r["feature_set"] == feature_set and r["aam_version"] == aam_version]
 
 
