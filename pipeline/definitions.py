@@ -10,6 +10,11 @@ from pipeline.reanonymize import (anonymize_new_shards, reanonymize_job, reanony
                                   refresh_catalog_job, refresh_catalog_sensor)
 from pipeline.sensors import inbox_sensor
 
+# How `dagster dev` names this code location's repository: `<repository>@<location>`, the location being the module
+# that workspace.yaml loads. The UI lists a job's runs by this run tag; the CLI's in-process runs carry it too.
+REPOSITORY_LABEL = "__repository__@pipeline.definitions"
+REPOSITORY_TAG = ".dagster/repository"
+
 defs = dg.Definitions(
     assets=[*dg.load_assets_from_modules([manifest, latents, aam, anonymized, catalog, evaluation, baselines,
                                           operating_point, forget]), *ablations.ASSETS],
