@@ -5,8 +5,14 @@ itself (guards against raw latents, atomic writes, skip of complete tables) is
 splavu_core.publish.anonymize_shard; this module chooses the AAM version, decides when a version
 becomes current, and applies retention.
 
-Which version: the config's `aam_version`, or by default the newest one recorded in
-aam_versions.parquet (by created_at). Sensors and the schedule always pin it in run config.
+Which version: the config's `aam_version` (the CLI and the schedule pin it), or for an unpinned run (the
+automation below, the UI's Materialize) the version being rolled out, else the current one, else the newest
+(`unpinned_version`): so after a rollback new shards get the version analysts read.
+
+When it runs by itself (REANONYMIZE, evaluated by the `reanonymize_automation` sensor, stopped by default): every
+shard when aam_model records a new version; a shard when its latents land or change, unless the latest run's
+blocking gates failed (the version being rolled out is refused: new shards wait until a gate passes or a new
+version comes). The gates ride along in every such run.
 
 When a version becomes current: as soon as every registered shard has a complete table for it,
 provided it is newer than the current version and was never made current automatically before.
@@ -31,6 +37,7 @@ from splavu_core.publish import (PublishError, anonymize_shard, apply_retention,
                                  set_current, versions_path)
 from splavu_core.gates import passes_gates
 from splavu_core.datasets import registered
+from splavu_core.settings import settings
 from splavu_core.store import FeatureStore
 
 
@@ -97,6 +104,13 @@ def target_versions(store: FeatureStore) -> list[str]:
     return out
 
 
+def unpinned_version(store: FeatureStore) -> str:
+    """What a run without `aam_version` publishes: the version being rolled out, else the current one, else the
+    newest (PublishError when none is recorded)."""
+    versions = target_versions(store)
+    return versions[-1] if versions else resolve_version(store)
+
+
 def _created(store: FeatureStore, version: str | None):
     if version is None:
         return datetime.min.replace(tzinfo=timezone.utc)
@@ -139,12 +153,24 @@ def maybe_promote(store: FeatureStore, version: str) -> tuple[bool, str]:
 # ---------------------------------------------------------------- the asset
 
 class AnonymizeConfig(dg.Config):
-    aam_version: str = Field(default="", description="AAM version to publish (default: the newest recorded one)")
-    retention: int = Field(default=0, description="after publishing, keep the tables of the newest N AAM versions "
-                                                  "(plus the current one); 0 keeps all")
+    aam_version: str = Field(default="", description="AAM version to publish (default: the one being rolled out, "
+                                                     "else the current one, else the newest recorded)")
+    retention: int = Field(default_factory=lambda: settings().aam_retention,
+                           description="after publishing, keep the tables of the newest N AAM versions (plus the "
+                                       "current one); 0 keeps all (default $SPLAVU_AAM_RETENTION)")
+
+
+_AC = dg.AutomationCondition
+NEW_VERSION = _AC.any_deps_updated().allow(dg.AssetSelection.assets("aam_model"))
+NEW_LATENTS = _AC.newly_missing() | _AC.any_deps_updated().allow(dg.AssetSelection.assets("clip_latents"))
+GATES_FAILED = _AC.any_checks_match(_AC.check_failed(), blocking_only=True)
+# eager(), except that a shard's new latents wait while a blocking gate fails (a new version never waits)
+REANONYMIZE = ((NEW_VERSION.since_last_handled() | (NEW_LATENTS.since_last_handled() & ~GATES_FAILED))
+               & ~_AC.any_deps_missing() & ~_AC.any_deps_in_progress() & ~_AC.in_progress()).with_label("reanonymize")
 
 
 @dg.asset(partitions_def=shards, deps=["aam_model", "clip_latents"], group_name="publish", kinds={"parquet"},
+          automation_condition=REANONYMIZE,
           description="One shard's clips through the AAM: Parquet per shard and AAM version, from cached latents only "
                       "(the encoder is never loaded). Skips shards already published with that version.")
 def anonymized_features(context: dg.AssetExecutionContext, config: AnonymizeConfig,
@@ -153,7 +179,7 @@ def anonymized_features(context: dg.AssetExecutionContext, config: AnonymizeConf
         raise PublishError(f"retention must be >= 0 (0 keeps every version), got {config.retention}")
     feature_store = store.store()
     shard = context.partition_key
-    version = resolve_version(feature_store, config.aam_version)
+    version = resolve_version(feature_store, config.aam_version) if config.aam_version else unpinned_version(feature_store)
     res = anonymize_shard(feature_store, shard, adapter_dir(feature_store, version))
     if not res["skipped"]:
         costs.record(feature_store, "splavu", "anonymize", f"{version}/{shard}", res["seconds"], clips=res["rows"])

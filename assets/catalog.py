@@ -44,7 +44,13 @@ def record_runs(store: FeatureStore, instance: dg.DagsterInstance, limit: int = 
     return written
 
 
-@dg.asset(deps=["anonymized_features"], group_name="publish", kinds={"duckdb"},
+# After a batch of shards: new tables, none in progress, and the tables' blocking gates passed
+_AC = dg.AutomationCondition
+REFRESH = (_AC.any_deps_updated().since_last_handled() & ~_AC.any_deps_in_progress() & ~_AC.in_progress()
+           & _AC.all_deps_blocking_checks_passed()).with_label("refresh_catalog")
+
+
+@dg.asset(deps=["anonymized_features"], group_name="publish", kinds={"duckdb"}, automation_condition=REFRESH,
           description="catalog.duckdb + each version's neighbour index (splavu_core.neighbors): views videos, clips, quarantine, anonymized_features (current AAM, FLOAT[D]), "
                       "anonymized_features_all, aam_versions, metrics, runs, storage. Open it read-only with duckdb.")
 def feature_catalog(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:

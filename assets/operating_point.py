@@ -26,6 +26,10 @@ class KeepCurveConfig(dg.Config):
                                                                 "(each below the latents' dimension)")
     n_seeds: int = Field(default=5, description="probe seeds per metric (the intervals need >= 5)")
     mark_current: bool = Field(default=True, description="score the current AAM version beside the family")
+    reuse_gates: bool = Field(default=False, description="take raw's scores, and those of the member that publishes "
+                              "the current version's vectors, from the gates' measurement of that version made in the "
+                              "same process (`splavu demo`), instead of scoring them again; scores all when there is "
+                              "none")
 
 
 def published_k(store: FeatureStore, version: str | None) -> int | None:
@@ -47,7 +51,8 @@ def keep_family_curve(context: dg.AssetExecutionContext, config: KeepCurveConfig
     feature_store = store.store()
     current = current_version(feature_store)
     out, png = keep_curve(feature_store, config.ks, range(config.n_seeds),
-                          versions=[current] if config.mark_current and current else [], log=context.log.info)
+                          versions=[current] if config.mark_current and current else [], log=context.log.info,
+                          reuse_gates_of=current if config.reuse_gates else None)
     return dg.MaterializeResult(metadata={
         "chosen_k": out["chosen_k"] or 0, "current_version": current or "", "current_k": published_k(feature_store, current) or 0,
         "budget": out["budget"], "floor": out["floor"], "seconds": out["seconds"],

@@ -302,14 +302,17 @@ def skip_lines(skipped: dict[str, str]) -> list[str]:
                   if task not in no_data]
 
 
+def _keep_curve(root: str, config: dict):
+    """The keep_curve job on `root`; (keep_family_curve's metadata values, the run's result)."""
+    r = _runner()
+    res = r.run_job(r.instance(), "keep_curve", r.StoreResource(root=root),
+                    run_config={"ops": {"keep_family_curve": {"config": config}}})
+    return r.metadata(res, "keep_family_curve"), res
+
+
 def cmd_curve(args) -> int:
     """The keep_curve job: the keep family fitted and scored on the store's validation videos, and its check."""
-    r = _runner()
-    root = _store_root(args)
-    cfg = {"ks": args.ks} if args.ks else {}
-    res = r.run_job(r.instance(), "keep_curve", r.StoreResource(root=root),
-                    run_config={"ops": {"keep_family_curve": {"config": cfg}}})
-    md = r.metadata(res, "keep_family_curve")
+    md, res = _keep_curve(_store_root(args), {"ks": args.ks} if args.ks else {})
     print(md["table"])
     for line in evaluation_notes(res):  # a failed check, as evaluate prints it
         print(line)
@@ -348,6 +351,9 @@ DEMO_DATASETS = ("ar", "privacy", "tad", "ad")
 DEMO_EXTRAS = {"bias": ("bias_f", "bias_m"), "gait": ("gait",)}
 DEMO_EXTRA_WHY = {"bias": "Bias-F/M gap rows; raw features showed no measurable gap on this world",
                   "gait": "gait top-1 row; raw retrieval is at chance on this world"}
+# The demo's keep curve: the default width and one either side, the default's kind (recentring), raw and the default's
+# scores taken from the gates' measurement in the same process (`splavu curve` scores the whole family)
+DEMO_CURVE = {"ks": [11, 14, 17], "mark_current": False, "reuse_gates": True}
 
 
 def demo_datasets(extras: str | None, full: bool = False) -> tuple[list[str], dict[str, str]]:
@@ -378,7 +384,7 @@ def cmd_demo(args) -> int:
     if args.regenerate:  # only the benchmark's own dataset folders
         for name in names:
             shutil.rmtree(data / name, ignore_errors=True)
-    print(f"1/6 synthesising the benchmark: {', '.join(names)} (only videos not already there)")
+    print(f"1/7 synthesising the benchmark: {', '.join(names)} (only videos not already there)")
     for group, why in left_out.items():
         print(f"  not in this demo: {group} ({why})")
     # videos only: the person masks are for `splavu baselines --masks rendered` (splavu synth adds them then)
@@ -390,29 +396,33 @@ def cmd_demo(args) -> int:
     keys = []
     for name in names:
         keys += r.ingest(inst, store, name, str(data / name / "manifest.csv"), args.shard_size)
-    print(f"\n2/6 extracting raw latents of {len(keys)} shards into {store.root} (shipped demo VideoMAE)")
+    print(f"\n2/7 extracting raw latents of {len(keys)} shards into {store.root} (shipped demo VideoMAE)")
     rows = _extract(store, r.EncoderResource(), keys)  # static clips where roles say training reads them
     print(f"  {sum(x['clips'] for x in rows)} clip latents + {sum(x['static_clips'] for x in rows)} static, "
           f"{sum(x['quarantined'] for x in rows)} quarantined "
           f"[{time.perf_counter() - t0:.0f} s]")
     lap("extract")
-    print("\n3/6 training the anonymizing adapter from cached latents")
+    print("\n3/7 training the anonymizing adapter from cached latents")
     print(f"  {_training_preflight(store.store(), {})}")
     _train_aam(store, {})  # the defaults: splavu_core.aam.model.DEFAULT_ADAPTER (docs/method.md: how they were chosen)
     lap("fit")
-    print(f"\n4/6 publishing anonymized feature tables and the DuckDB catalog [{time.perf_counter() - t0:.0f} s]")
+    print(f"\n4/7 publishing anonymized feature tables and the DuckDB catalog [{time.perf_counter() - t0:.0f} s]")
     out = cmd_publish(argparse.Namespace(store=store.root, version=None), quiet_return=True)
     lap("publish")
     stages["gates"] = gate_seconds(out)
     if stages["gates"] is not None:
         stages["publish"] -= stages["gates"]
-    print(f"\n5/6 evaluating raw vs anonymized features [{time.perf_counter() - t0:.0f} s]")
+    print(f"\n5/7 evaluating raw vs anonymized features [{time.perf_counter() - t0:.0f} s]")
     cmd_evaluate(argparse.Namespace(store=store.root, version=_demo_version(store.store()), seed=0))
     lap("evaluate")
+    print(f"\n6/7 the keep family's curve on validation, k = {', '.join(map(str, DEMO_CURVE['ks']))} "
+          f"[{time.perf_counter() - t0:.0f} s]")
+    print(f"  {curve_verdict(*_keep_curve(store.root, DEMO_CURVE))}")
+    lap("curve")
     feature_store = store.store()
     demo = costs.record_demo(feature_store, stages, left_out, datasets=names, scale=args.scale, seed=args.seed)
     _add_demo_to_report(feature_store, demo)
-    print("6/6 an analyst's query (read-only DuckDB catalog):")
+    print("7/7 an analyst's query (read-only DuckDB catalog):")
     sql = ("SELECT task, metric, feature_set, round(value, 3) AS value FROM metrics "
            "WHERE metric IN ('top1', 'mAP', 'auc', 'cmap', 'leakage_removed') AND task IN ('ar', 'tad', 'ad', 'privacy') "
            "ORDER BY task, metric, feature_set")
@@ -421,6 +431,14 @@ def cmd_demo(args) -> int:
     print("\nstages (wall s): " + ", ".join(f"{k} {'—' if v is None else f'{v:.0f}'}" for k, v in demo["stages"].items()))
     print(f"done in {time.perf_counter() - t0:.0f} s; `splavu sql`, `splavu neighbors`, `dagster dev` to explore")
     return 0
+
+
+def curve_verdict(md: dict, res) -> str:
+    """One line: the width the curve picks, what the current version publishes, its check's verdict, where it is."""
+    picks = f"the gates' rules pick k = {md['chosen_k']}" if md["chosen_k"] else "no width passes the gates' rules"
+    checks = [f"{c.check_name} {'passed' if c.passed else 'warns'}" for c in res.get_asset_check_evaluations()]
+    current = f"the current version publishes k = {md['current_k']}" if md["current_k"] else "no version is current"
+    return f"{picks}; {current} ({', '.join(checks)}); {md['path']} (+ .png), in the UI under keep_family_curve"
 
 
 def _install_seconds() -> float | None:

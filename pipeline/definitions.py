@@ -6,9 +6,13 @@ from assets.resources import EncoderResource, StoreResource
 from pipeline import ablations
 from pipeline.executors import splavu_executor
 from pipeline.jobs import evaluate_job, extract_job, forget_job, pixel_baselines_job, train_aam_job
-from pipeline.reanonymize import (anonymize_new_shards, reanonymize_job, reanonymize_on_new_aam, reanonymize_schedule,
-                                  refresh_catalog_job, refresh_catalog_sensor)
+from pipeline.reanonymize import reanonymize_automation, reanonymize_job, reanonymize_schedule, refresh_catalog_job
 from pipeline.sensors import inbox_sensor
+
+# How `dagster dev` names this code location's repository: `<repository>@<location>`, the location being the module
+# that workspace.yaml loads. The UI lists a job's runs by this run tag; the CLI's in-process runs carry it too.
+REPOSITORY_LABEL = "__repository__@pipeline.definitions"
+REPOSITORY_TAG = ".dagster/repository"
 
 defs = dg.Definitions(
     assets=[*dg.load_assets_from_modules([manifest, latents, aam, anonymized, catalog, evaluation, baselines,
@@ -16,7 +20,7 @@ defs = dg.Definitions(
     asset_checks=[*evaluation.CHECKS, *operating_point.CHECKS],  # load_assets_from_modules does not pick up checks
     jobs=[extract_job, train_aam_job, reanonymize_job, refresh_catalog_job, evaluate_job, ablations.ablations_job,
           pixel_baselines_job, operating_point.keep_curve_job, forget_job],
-    sensors=[inbox_sensor, reanonymize_on_new_aam, anonymize_new_shards, refresh_catalog_sensor],
+    sensors=[inbox_sensor, reanonymize_automation],
     schedules=[reanonymize_schedule],
     resources={"store": StoreResource(), "encoder": EncoderResource()},
     executor=splavu_executor,  # $SPLAVU_EXECUTOR: multiprocess (default), in_process, dask, k8s

@@ -1,9 +1,10 @@
 """Run the code location's named jobs in-process against the local Dagster instance ($DAGSTER_HOME), as the CLI does.
 
 Every command runs a job of pipeline.definitions by name (`extract_latents`, `train_aam`, `reanonymize`,
-`refresh_catalog`, `evaluate`, `ablations`, `pixel_baselines`, `forget`) with its asset selection, so the runs show up in
-`dagster dev` under that job and with those assets, like a run launched from the UI; only the executor differs
-(in-process here; a cluster deployment runs the same jobs through its own executor).
+`refresh_catalog`, `evaluate`, `ablations`, `pixel_baselines`, `forget`) with its asset selection and the code location's
+repository tag, so `dagster dev` lists the runs on that job's page with those assets. Unlike a run launched from the UI
+it has no code-location origin (docs/operations.md, "Running with Dagster"); and the executor differs (in-process here;
+a cluster deployment runs the same jobs through its own executor).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from assets.aam import check_training_config  # noqa: F401  (the CLI)
 from assets.anonymized import newest_version, registered_shards, resolve_version  # noqa: F401  (newest_version: the CLI)
 from assets.evaluation import EVAL_ASSETS, GATE_CHECKS, privacy_utility_report
 from pipeline.ablations import VARIANTS
-from pipeline.definitions import defs
+from pipeline.definitions import REPOSITORY_LABEL, REPOSITORY_TAG, defs
 from pipeline.inprocess import quiet
 from assets.partitions import shards
 from pipeline.reanonymize import anonymize_run_config
@@ -66,13 +67,15 @@ def run_job(inst: dg.DagsterInstance, name: str, store: StoreResource, *, assets
     """Execute the code location's job `name` in this process (assets: a subset of its selection, default all of
     it), as a run this process owns: a crash of an earlier one does not block it, and a wait on a pool slot is
     announced (pipeline/recovery.py). The run is recorded under the job's name with its asset selection.
-    skip_checks: asset checks (by name) left out of this run. log_level: the console's (default WARNING)."""
+    skip_checks: asset checks (by name) left out of this run. log_level: the console's (default WARNING).
+    The run carries the code location's repository tag, so the UI lists it on its job's page; an in-process run has no
+    code-location origin, so the Overview timeline still leaves it out (docs/operations.md)."""
     job = with_resources({"store": store, **(resources or {})}, skip_checks).resolve_job_def(name)
     keys = [dg.AssetKey(a) for a in assets] if assets else sorted(job.asset_layer.executable_asset_keys)
     with owned_run(inst, store.root) as owner:
+        tags = {REPOSITORY_TAG: REPOSITORY_LABEL, "splavu/entry": "cli", **owner, **(tags or {})}
         return job.execute_in_process(run_config=quiet(run_config, log_level), instance=inst, partition_key=partition_key,
-                                      asset_selection=keys, tags={"splavu/entry": "cli", **owner, **(tags or {})},
-                                      raise_on_error=raise_on_error)
+                                      asset_selection=keys, tags=tags, raise_on_error=raise_on_error)
 
 
 def with_resources(resources: dict, skip_checks: tuple[str, ...] = ()) -> dg.Definitions:

@@ -35,7 +35,7 @@ read the store's Parquet through the store's own fsspec filesystem, registered o
 (`con.register_filesystem`: no httpfs extension needed), so open it with `splavu sql` / query() /
 neighbors(), or register the same filesystem yourself. `clips` and `quarantine` list the committed
 attempt of each shard explicitly (a glob would also match uncommitted attempts), so on an object store
-new shards appear there after a rebuild (the refresh_catalog_sensor rebuilds after each batch).
+new shards appear there after a rebuild (feature_catalog's automation rebuilds after each batch).
 """
 from __future__ import annotations
 

@@ -26,8 +26,8 @@ from .storefs import join
 
 STAGES = ("extract", "train", "anonymize")
 # `make demo` end to end: install (the Makefile's setup), synth, extract (ingest + encoder), fit (the AAM), publish
-# (anonymize + catalog), gates (the gated shard run's time beyond an ungated one), evaluate
-DEMO_STAGES = ("install", "synth", "extract", "fit", "publish", "gates", "evaluate")
+# (anonymize + catalog), gates (the gated shard run's time beyond an ungated one), evaluate, curve (keep_curve)
+DEMO_STAGES = ("install", "synth", "extract", "fit", "publish", "gates", "evaluate", "curve")
 DEMO = "costs/demo.json"
 
 

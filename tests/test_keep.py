@@ -269,3 +269,47 @@ def test_heldout_classes_fit_never_sees_the_classes_it_is_probed_on(tiny_store, 
         ret = m["ar"]  # retention on the held-out classes; NaN only when raw is at chance on them (tiny encoder)
         assert (ret[1] <= ret[0] <= ret[2]) or (np.isnan(ret[0]) and lo <= chance)
     assert {m["recentre"] for m in members} == {True, False}
+
+
+def test_the_demos_curve_takes_raw_and_the_default_from_the_gates_of_the_same_process(tiny_store, tmp_path, monkeypatch):
+    """`splavu demo`'s curve reuses what the gates scored in the same process: raw on the tasks they measured and the
+    member that publishes the current version's vectors; the other members are paired with that raw exactly as with
+    raw scored again."""
+    from assets.aam import aam_model
+    from assets.resources import StoreResource
+    from splavu_core import gates
+    from splavu_core.evaluation import keep_curve as kc
+    from splavu_core.evaluation import scoring
+    from splavu_core.publish import anonymize_shard
+
+    root = tmp_path / "store"
+    shutil.copytree(tiny_store, root)
+    fs = FeatureStore(root)
+    res = dg.materialize([aam_model], resources={"store": StoreResource(root=str(root))})  # the default adapter
+    version = res.asset_materializations_for_node("aam_model")[0].metadata["version"].value
+    for shard in fs.committed_shards():
+        anonymize_shard(fs, shard, root / "aam" / version)
+    measure = gates.measure_gates(fs, version, n_seeds=2, use_cache=False)
+
+    runs, real = [], scoring.run_task
+    monkeypatch.setattr(scoring, "run_task", lambda task, videos, *a: runs.append((task, videos[0].feats.shape[1]))
+                        or real(task, videos, *a))
+    reused, _ = kc.keep_curve(fs, [10, 14], range(2), reuse_gates_of=version)
+    assert reused["reused"] == {"version": version, "member": "keep k=14 + recentre",
+                                "raw_tasks": sorted(measure["scored_videos"])}
+    measured = set(measure["scored_videos"])
+    raw_dim = fs.committed("ar-000")["dim"]
+    assert not {t for t, d in runs if d in (raw_dim, 14)} & measured  # neither raw nor k = 14 scored again there
+    assert measured <= {t for t, d in runs if d == 10}  # k = 10 is scored, paired with the gates' raw
+    k14 = reused["members"][1]
+    part = measure["privacy"]["closeups"]
+    assert k14["privacy"] == [round(part[k], 4) for k in ("leakage_removed", "leakage_removed_ci_low",
+                                                             "leakage_removed_ci_high")]
+
+    runs.clear()
+    again, _ = kc.keep_curve(fs, [10], range(2))  # nothing reused: raw scored here
+    assert again["reused"] == {} and {t for t, d in runs if d == raw_dim} >= measured
+    np.testing.assert_equal(again["members"][0], reused["members"][0])  # k = 10 paired with the gates' raw: same
+    inp = kc.load_inputs(fs)
+    assert gates.scored_in_process(fs, version, range(2), kc.PROBE_KWARGS, inp.datasets)
+    assert gates.scored_in_process(fs, version, range(3), kc.PROBE_KWARGS, inp.datasets) is None  # other seeds

@@ -1,9 +1,9 @@
-"""Publishing anonymized features through Dagster: the asset, the catalog asset, re-anonymization
-sensors and schedule, and the analysts' CLI (`splavu sql`, `splavu neighbors`).
+"""Publishing anonymized features through Dagster: the asset, the catalog asset, re-anonymization by
+declarative automation and the schedule, and the analysts' CLI (`splavu sql`, `splavu neighbors`).
 
 One store (a copy of the `tiny_store` fixture) is shared by the module and evolves test by test,
-in file order: AAM v1 published everywhere -> v2 rolled out by the aam_model sensor -> a new shard
--> a rollback -> retention -> bad inputs. The encoder's loader is patched to raise for all of it."""
+in file order: AAM v1 published everywhere -> v2 rolled out by automation -> a gate failing and passing again
+-> a new shard -> a rollback -> retention -> bad inputs. The encoder's loader is patched to raise for all of it."""
 import json
 import shutil
 import subprocess
@@ -18,12 +18,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from assets.anonymized import (anonymized_features, maybe_promote, registered_shards, shards_lacking,
-                               target_versions)
+                               target_versions, unpinned_version)
 from assets.catalog import feature_catalog
+from assets.evaluation import GATE_CHECKS
 from pipeline.cli import main
-from pipeline.reanonymize import (anonymize_new_shards, build_reanonymize_schedule, reanonymize_job,
-                                  reanonymize_on_new_aam, reanonymize_schedule, refresh_catalog_job,
-                                  refresh_catalog_sensor)
+from pipeline.reanonymize import (build_reanonymize_schedule, reanonymize_automation, reanonymize_job,
+                                  reanonymize_schedule, refresh_catalog_job)
 from assets.resources import StoreResource
 from pipeline.runner import run_reanonymize
 from splavu_core import publish as pub
@@ -60,17 +60,27 @@ def local_defs(store: StoreResource) -> dg.Definitions:
     from assets.resources import EncoderResource
 
     return dg.Definitions(
-        assets=dg.load_assets_from_modules([manifest, latents, aam, anonymized, catalog]),
-        jobs=[reanonymize_job, refresh_catalog_job],
-        sensors=[reanonymize_on_new_aam, anonymize_new_shards, refresh_catalog_sensor],
+        assets=dg.load_assets_from_modules([manifest, latents, aam, anonymized, catalog]), asset_checks=GATE_CHECKS,
+        jobs=[reanonymize_job, refresh_catalog_job], sensors=[reanonymize_automation],
         schedules=[reanonymize_schedule], resources={"store": store, "encoder": EncoderResource()})
 
 
-def sensor_tick(sensor, env, cursor=None):
-    """One evaluation, as the daemon does it (run requests resolved and checked against the job)."""
-    with dg.partition_loading_context(dynamic_partitions_store=env.inst):
-        return sensor.evaluate_tick(dg.build_sensor_context(instance=env.inst, cursor=cursor, definitions=env.defs,
-                                                            resources={"store": env.store}))
+def automation(env) -> tuple[list[str], int]:
+    """One tick of the code location's automation conditions (what reanonymize_automation evaluates):
+    (the anonymized_features shards requested, feature_catalog runs requested). The cursor stays on env."""
+    from pipeline.definitions import defs
+
+    res = dg.evaluate_automation_conditions(defs, env.inst, cursor=env.cursor)
+    env.cursor = res.cursor
+    return (sorted(res.get_requested_partitions(dg.AssetKey("anonymized_features"))),
+            res.get_num_requested(dg.AssetKey("feature_catalog")))
+
+
+def run_unpinned(env, shard: str) -> dict:
+    """A shard's run as the automation launches it: no run config, the blocking gates riding along."""
+    res = dg.materialize([anonymized_features, *GATE_CHECKS], instance=env.inst, partition_key=shard,
+                         resources={"store": env.store}, raise_on_error=False)
+    return {k: v.value for k, v in res.asset_materializations_for_node("anonymized_features")[0].metadata.items()}
 
 
 @contextmanager
@@ -116,7 +126,7 @@ def env(tiny_store, tiny_bench, tmp_path_factory):
         v1 = train_aam(inst, store)
         first = run_reanonymize(inst, store)  # every shard (one run each), then the catalog
         yield SimpleNamespace(root=root, inst=inst, store=store, feature_store=store.store(), v1=v1, first=first,
-                              bench=tiny_bench[0], tmp=tmp_path_factory, defs=local_defs(store))
+                              bench=tiny_bench[0], tmp=tmp_path_factory, defs=local_defs(store), cursor=None)
 
 
 def test_every_shard_published_from_cached_latents_only(env):
@@ -224,51 +234,50 @@ def test_cli_sql_and_neighbors(env, capsys):
     assert rc == 2 and "no AAM version in" in err and "splavu train" in err
 
 
-def test_new_aam_sensor_rolls_out_a_second_version(env):
+def test_automation_rolls_out_a_new_version_then_rebuilds_the_catalog_once(env):
     store = env.feature_store
+    for shard in registered_shards(store):  # tiny_store extracted them through another instance: record them here
+        env.inst.report_runless_asset_event(dg.AssetMaterialization("clip_latents", partition=shard))
+    assert automation(env) == ([], 0)  # turning the sensor on does not replay what is already published
     v2 = train_aam(env.inst, env.store, seed=1)
     assert v2 != env.v1 and pub.current_version(store) == env.v1  # recorded, not current before it is published
-    assert target_versions(store) == [env.v1, v2]
-    tick = sensor_tick(reanonymize_on_new_aam, env)
-    reqs = tick.run_requests
+    assert target_versions(store) == [env.v1, v2] and unpinned_version(store) == v2
     shards = registered_shards(store)
-    assert sorted(r.partition_key for r in reqs) == shards
-    assert all(r.run_config["ops"]["anonymized_features"]["config"]["aam_version"] == v2 for r in reqs)
-    assert len({r.run_key for r in reqs}) == len(reqs) and all(r.tags["splavu/trigger"] == "new_aam" for r in reqs)
+    assert automation(env) == (shards, 0)  # every shard; the catalog waits for them
 
-    for r in reqs[:-1]:
-        md = execute(env, r)
+    for s in shards[:-1]:
+        md = run_unpinned(env, s)
         assert md["aam_version"] == v2 and md["is_current"] is False
     assert pub.current_version(store) == env.v1  # not current until every registered shard has its table
-    md = execute(env, reqs[-1])
+    md = run_unpinned(env, shards[-1])
     assert md["is_current"] is True and pub.current_version(store) == v2
-    # both versions coexist, each complete and readable
-    for v in (env.v1, v2):
+    for v in (env.v1, v2):  # both versions coexist, each complete and readable
         assert shards_lacking(store, v) == [] and pub.read_anonymized(store, version=v).num_rows > 0
-    assert sensor_tick(reanonymize_on_new_aam, env, cursor=tick.cursor).run_requests == []  # event consumed
-    again = sensor_tick(reanonymize_on_new_aam, env)  # same event, but every table exists now
-    assert again.run_requests == [] and "already have complete tables" in again.skip_message
+    assert automation(env) == ([], 1)  # every shard done, the gates passed: the catalog, once
+    res = dg.materialize([feature_catalog], instance=env.inst, resources={"store": env.store})
+    assert res.asset_materializations_for_node("feature_catalog")[0].metadata["aam_version"].value == v2
+    assert analyst.query(env.feature_store, "SELECT DISTINCT aam_version FROM anonymized_features").to_pylist() == [
+        {"aam_version": v2}]
+    assert automation(env) == ([], 0)
     env.v2 = v2
 
 
-def test_catalog_sensor_waits_for_reanonymize_runs_then_rebuilds_once(env):
-    from dagster import DagsterRun
-
-    tick = sensor_tick(refresh_catalog_sensor, env)
-    assert len(tick.run_requests) == 1 and tick.cursor
-    assert sensor_tick(refresh_catalog_sensor, env, cursor=tick.cursor).run_requests == []
-    busy = DagsterRun(job_name=reanonymize_job.name, status=dg.DagsterRunStatus.STARTED)
-    env.inst.add_run(busy)
-    waiting = sensor_tick(refresh_catalog_sensor, env)
-    assert waiting.run_requests == [] and "waiting for 1 reanonymize run" in waiting.skip_message
-    env.inst.delete_run(busy.run_id)
-    res = dg.materialize([feature_catalog], instance=env.inst, resources={"store": env.store})
-    assert res.asset_materializations_for_node("feature_catalog")[0].metadata["aam_version"].value == env.v2
-    assert analyst.query(env.feature_store, "SELECT DISTINCT aam_version FROM anonymized_features").to_pylist() == [
-        {"aam_version": env.v2}]
+def test_automation_waits_while_a_blocking_gate_fails(env, monkeypatch):
+    monkeypatch.setenv("SPLAVU_PRIVACY_BUDGET", "1.01")  # no adapter removes more than all leakage
+    md = run_unpinned(env, "ar-000")  # nothing to write, but the gates judge v2 again: refused
+    assert md["skipped"] is True and md["aam_version"] == env.v2
+    env.inst.report_runless_asset_event(dg.AssetMaterialization("clip_latents", partition="tad-000"))  # re-extracted
+    assert automation(env) == ([], 0)  # neither the shard nor the catalog while privacy_budget fails
+    assert automation(env) == ([], 0)
+    monkeypatch.setenv("SPLAVU_PRIVACY_BUDGET", "-1")
+    assert run_unpinned(env, "ar-000")["skipped"] is True  # the gates pass again
+    assert automation(env) == (["tad-000"], 1)  # the shard that waited, and the catalog
+    assert run_unpinned(env, "tad-000")["skipped"] is True
+    dg.materialize([feature_catalog], instance=env.inst, resources={"store": env.store})  # after tad-000's run
+    assert automation(env) == ([], 0)
 
 
-def test_new_shard_sensor_requests_only_shards_lacking_tables(env):
+def test_automation_publishes_a_new_shard_once_its_latents_land(env):
     from splavu_core.datasets import register_dataset
 
     store = env.feature_store
@@ -276,26 +285,20 @@ def test_new_shard_sensor_requests_only_shards_lacking_tables(env):
     assert register_dataset(store, "extra", env.bench / "ar" / "manifest.csv", shard_size=10 ** 6) == ["extra-000"]
     shutil.copytree(store.shard_dir("ar-000"), store.shard_dir("extra-000"))
     shutil.copy(store.shard_manifest_path("ar-000"), store.shard_manifest_path("extra-000"))
-    for shard in ("ar-000", "extra-000"):  # clip_latents materialisations: one old shard, one new
-        env.inst.report_runless_asset_event(dg.AssetMaterialization("clip_latents", partition=shard))
-    # a shard that is not a partition yet is added by the sensor's own request (raw result, unresolved)
-    raw = anonymize_new_shards(dg.build_sensor_context(instance=env.inst, resources={"store": env.store}))
-    assert raw.dynamic_partitions_requests[0].partition_keys == ["extra-000"]
     env.inst.add_dynamic_partitions("shards", ["extra-000"])  # as the inbox sensor / `splavu ingest` do
-    tick = sensor_tick(anonymize_new_shards, env)
-    assert [(r.partition_key, r.run_config["ops"]["anonymized_features"]["config"]["aam_version"])
-            for r in tick.run_requests] == [("extra-000", env.v2)]
-    assert tick.dynamic_partitions_requests == []
-    md = execute(env, tick.run_requests[0])
-    assert md["skipped"] is False and md["is_current"] is True and shards_lacking(store, env.v2) == []
-    later = sensor_tick(anonymize_new_shards, env, cursor=tick.cursor)
-    assert later.run_requests == [] and "no new clip_latents" in later.skip_message
+    assert automation(env) == ([], 0)  # its latents are not materialised yet
+    env.inst.report_runless_asset_event(dg.AssetMaterialization("clip_latents", partition="extra-000"))
+    assert automation(env) == (["extra-000"], 0)
+    md = run_unpinned(env, "extra-000")
+    assert md["skipped"] is False and md["aam_version"] == env.v2 and md["is_current"] is True
+    assert shards_lacking(store, env.v2) == []
 
 
 def test_a_rollback_sticks(env):
     store = env.feature_store
     pub.set_current(store, env.v1)  # roll back by hand
     assert target_versions(store) == [env.v1]  # v2 was current once: it is not "being rolled out" again
+    assert unpinned_version(store) == env.v1  # so an unpinned run publishes what analysts read
     assert shards_lacking(store, env.v1) == ["extra-000"]
     current, why = maybe_promote(store, env.v2)  # v2 is complete, but must not undo the rollback
     assert current is False and "made current once before" in why and pub.current_version(store) == env.v1
@@ -402,8 +405,9 @@ def test_definitions_wire_up():
     dg.Definitions.validate_loadable(defs)
     assert defs.resolve_job_def("reanonymize").partitions_def.name == "shards"
     assert defs.resolve_job_def("refresh_catalog").partitions_def is None
-    assert {s.name for s in defs.sensors} == {"reanonymize_on_new_aam", "anonymize_new_shards",
-                                              "refresh_catalog_sensor"}
+    assert {s.name for s in defs.sensors} == {"reanonymize_automation"}
+    for asset, label in (("anonymized_features", "reanonymize"), ("feature_catalog", "refresh_catalog")):
+        assert defs.resolve_assets_def(asset).automation_conditions_by_key[dg.AssetKey(asset)].get_label() == label
 
 
 def test_a_version_failing_the_budget_stays_out(env, monkeypatch):
@@ -446,6 +450,7 @@ def test_sensors_that_write_to_the_store_start_stopped():
     """`dagster dev` must not launch runs that write to the store until someone turns a sensor on."""
     from pipeline.definitions import defs
 
-    assert {s.name: s.default_status for s in defs.sensors} == {
-        name: dg.DefaultSensorStatus.STOPPED
-        for name in ("inbox_sensor", "reanonymize_on_new_aam", "anonymize_new_shards", "refresh_catalog_sensor")}
+    # every sensor of the location (no implicit default automation sensor: reanonymize_automation covers the
+    # only assets with conditions)
+    assert {s.name: s.default_status for s in defs.get_repository_def().sensor_defs} == {
+        name: dg.DefaultSensorStatus.STOPPED for name in ("inbox_sensor", "reanonymize_automation")}

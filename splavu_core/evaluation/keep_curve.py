@@ -20,7 +20,10 @@ import io
 import time
 from collections.abc import Sequence
 
+import numpy as np
+
 from ..aam.train import TrainConfig, fit_closed_form, load_training_data
+from ..gates import scored_in_process
 from ..ledger import privacy_threshold, utility_fraction
 from ..datasets import task_datasets, training_plan
 from ..store import FeatureStore
@@ -146,17 +149,41 @@ def heldout_classes(store: FeatureStore, inp: FamilyInputs, ks: Sequence[int], f
     return out
 
 
+PROBE_KWARGS = {"privacy": {"attackers": SUITE_NAMES}}  # the gate's judges, as the gate
+
+
+def gate_scores(store: FeatureStore, version: str, inp: FamilyInputs, sets: dict, seeds: Sequence[int]) -> dict:
+    """What this process's gate measurement of `version` (gates.scored_in_process) spares the curve: raw's scores on
+    the tasks it measured, and the version's for the member that publishes its vectors (up to float32 rounding: the
+    tables come out of torch, a member out of numpy). {} when the gates did not measure it here with this protocol."""
+    hit = scored_in_process(store, version, seeds, PROBE_KWARGS, inp.datasets)
+    if hit is None:
+        return {}
+    same = next((name for name, member in sets.items() if all(
+        len(member.get(d, ())) == len(vs) and all(a.video_id == b.video_id and a.feats.shape == b.feats.shape
+                                                  and np.allclose(a.feats, b.feats, 1e-5, 1e-4)
+                                                  for a, b in zip(member[d], vs))
+        for d, vs in hit["videos"].items())), None)
+    by_task = hit["scored"].items()
+    return {"version": version, "reference_cache": {t: (sc["raw"], None) for t, sc in by_task if "raw" in sc},
+            "scored": {same: {t: sc["splavu"] for t, sc in by_task if "splavu" in sc}} if same else {}, "member": same}
+
+
 def score_family(store: FeatureStore, inp: FamilyInputs, sets: dict, members: list[dict], marks: list[dict],
-                 versions: Sequence[str] = (), split: str = "val", seeds: Sequence[int] = range(5), log=None) -> list:
+                 versions: Sequence[str] = (), split: str = "val", seeds: Sequence[int] = range(5), log=None,
+                 reuse: dict | None = None) -> list:
     """Score raw, the members, the marks' sets and the published `versions` in one pass; each member and mark (a
-    version added as "AAM <version>") gets its headline figures. Returns raw's rows (task, metric, interval)."""
+    version added as "AAM <version>") gets its headline figures. Returns raw's rows (task, metric, interval).
+    reuse: gate_scores' answer, whose scores are taken instead of scoring those sets again."""
     sets = dict(sets)
     for version in versions:
         name = f"AAM {version}"
         sets[name] = load_feature_sets(store, inp.which, "anonymized", version, datasets=inp.datasets)
         marks.append({"name": name, "seen": ["ar", "tad", "ad"]})
+    reuse = reuse or {}
     rows = score_sets({"raw": inp.raw, **sets}, inp.which, inp.datasets, split=split, seeds=list(seeds), log=log,
-                      probe_kwargs={"privacy": {"attackers": SUITE_NAMES}})  # the gate's judges, as the gate
+                      probe_kwargs=PROBE_KWARGS, reference_cache=dict(reuse.get("reference_cache") or {}) or None,
+                      scored=reuse.get("scored"))
     for m in members + marks:
         m.update(summarise(rows, m["name"]))
     return [{k: r[k] for k in ("task", "metric", "value", "ci_low", "ci_high", "chance")} for r in rows
@@ -204,11 +231,12 @@ def keep_curve(store: FeatureStore, ks: Sequence[int] = DEFAULT_KS, seeds: Seque
                versions: Sequence[str] = (), cfg: TrainConfig | None = None, budget: float | None = None,
                floor: float | None = None, extra_sets: dict | None = None, extra_marks: Sequence[dict] = (),
                inputs: FamilyInputs | None = None, log=None,
-               recentres: Sequence[bool] | None = None) -> tuple[dict, bytes]:
+               recentres: Sequence[bool] | None = None, reuse_gates_of: str | None = None) -> tuple[dict, bytes]:
     """The family's curve on validation videos, with published `versions` (and `extra_sets`, e.g. variants
     trained in memory) marked; writes reports/keep_family.{json,png} and returns (the JSON, the PNG).
     recentres: also draw the members with/without recentring; the operating point is chosen among the members
-    that recentre as the config's adapter does."""
+    that recentre as the config's adapter does. reuse_gates_of: a version the gates measured in this process: its
+    scores stand in for raw's and for the member publishing its vectors (gate_scores; "reused" says what)."""
     budget = privacy_threshold() if budget is None else budget
     floor = utility_fraction() if floor is None else floor
     t0 = time.perf_counter()
@@ -217,13 +245,16 @@ def keep_curve(store: FeatureStore, ks: Sequence[int] = DEFAULT_KS, seeds: Seque
     assert ks, f"keep_curve: no width below the latents' {inp.data.dim} dims among {ks}"
     sets, members = family_sets(inp, ks, recentres=recentres)
     marks = [dict(m) for m in extra_marks]
-    raw_rows = score_family(store, inp, {**sets, **(extra_sets or {})}, members, marks, versions, "val", seeds, log)
+    reuse = gate_scores(store, reuse_gates_of, inp, sets, seeds) if reuse_gates_of else {}
+    raw_rows = score_family(store, inp, {**sets, **(extra_sets or {})}, members, marks, versions, "val", seeds, log,
+                            reuse=reuse)
     own = bool(inp.cfg.adapter.get("recentre")) and any(m["recentre"] for m in members)
     chosen = operating_point([m for m in members if m["recentre"] == own], budget, floor)
     out = {"split": "val", "seeds": list(seeds), "budget": budget, "floor": floor, "members": members,
            "marks": marks, "chosen_k": chosen and chosen["k"], "keep_ridge": inp.cfg.keep_ridge,
            "keep_w_motion": inp.cfg.keep_w_motion, "keep_w_dynamic": inp.cfg.keep_w_dynamic, "recentre": own,
-           "raw": raw_rows,
+           "raw": raw_rows, "reused": {"version": reuse["version"], "member": reuse["member"],
+                                       "raw_tasks": sorted(reuse["reference_cache"])} if reuse else {},
            "seconds": round(time.perf_counter() - t0, 1)}
     png = plot_png(members, chosen, marks)
     store.files.write_json("reports/keep_family.json", out)
@@ -246,4 +277,9 @@ def curve_markdown(out: dict) -> str:
             and m in out["members"] else m["name"]
         lines.append(f"| {name} | {pct(m.get('privacy'))} | {pct(m.get('clip_privacy'))} | {ret(m.get('ar'))} | "
                      f"{ret(m.get('tad'))} |")
+    reused = out.get("reused") or {}
+    if reused.get("raw_tasks"):
+        lines += ["", f"Scored by the gates of AAM {reused['version']} in the same run, not again: raw on "
+                      f"{', '.join(reused['raw_tasks'])}" + (f"; {reused['member']}, which publishes that version's "
+                                                               f"vectors" if reused.get("member") else "") + "."]
     return "\n".join(lines)

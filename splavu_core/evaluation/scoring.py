@@ -202,12 +202,15 @@ def score_sets(sets: Mapping[str, Mapping[str, Sequence[VideoFeatures]]], which:
                datasets: Mapping[str, str], split: str = "test", seeds: Sequence[int] = P.seeds_from(),
                probe_kwargs: Mapping[str, dict] | None = None, reference: str = "raw",
                versions: Mapping[str, str | None] | None = None, created_at=None,
-               log: Callable[[str], None] | None = None, reference_cache: dict | None = None) -> EvalResult:
+               log: Callable[[str], None] | None = None, reference_cache: dict | None = None,
+               scored: Mapping[str, Mapping[str, P.Scored]] | None = None) -> EvalResult:
     """Score every feature set in `sets` (name -> dataset -> videos) on the tasks `which`, with intervals.
     The reference set (default 'raw') is scored first; the others get paired changes against it.
     datasets: task -> dataset name. versions: feature set -> aam_version (None for raw/baselines).
     reference_cache: task -> the reference's (Scored, attributes), filled here and reused when present: the
-    caller keys it by the reference's videos, seeds and probe settings (the ablations score raw once)."""
+    caller keys it by the reference's videos, seeds and probe settings (the ablations score raw once).
+    scored: name -> task -> a Scored of that set's videos with these seeds and settings, used instead of running the
+    task (with a reference_cache holding the raw it was paired with)."""
     probe_kwargs = dict(probe_kwargs or {})
     versions = dict(versions or {})
     created_at = created_at or _now()
@@ -224,6 +227,8 @@ def score_sets(sets: Mapping[str, Mapping[str, Sequence[VideoFeatures]]], which:
                 out.skipped[f"{name}:{task}" if name != reference else task] = f"dataset {ds!r} is not in the store"
                 continue
             cached = reference_cache.get(task) if reference_cache is not None and name == reference else None
+            if task in (scored or {}).get(name, {}):
+                cached = (scored[name][task], None)
             sc, why = cached if cached is not None else run_task(task, videos, split, seeds, kw, attrs)
             if name == reference and reference_cache is not None and cached is None:
                 reference_cache[task] = (sc, why)
