@@ -274,6 +274,8 @@ def render_results(report_path: Path, commit: str | None = None, machine: str | 
 
     out.append(_render_gates(report_path.parent / "gates" / f"{version}.json", version))
 
+    out.append(_render_curve(report_path.parent / "keep_family.json"))
+
     stages = demo.get("stages") or {}
     if stages:
         out += ["\n## `make demo`, stage by stage (wall seconds)\n\n",
@@ -283,6 +285,27 @@ def render_results(report_path: Path, commit: str | None = None, machine: str | 
         if demo.get("left_out"):
             out.append("\n")
     return "".join(out)
+
+
+CURVE_PNG = DOCS / "results_keep_family.png"
+
+
+def _render_curve(path: Path) -> str:
+    """The keep family's curve (`keep_family_curve`, stage 6 of `make demo`) when the report's store holds one."""
+    if not path.is_file():
+        return ""
+    from splavu_core.evaluation.keep_curve import curve_markdown
+
+    curve = json.loads(path.read_text())
+    ks = ", ".join(str(m["k"]) for m in curve["members"] if m.get("k") is not None)
+    return "".join([
+        "\n## The keep family's curve (validation split)\n\n",
+        f"Widths k = {ks} scored like the gates (same attackers, seeds {', '.join(map(str, curve['seeds']))}); "
+        f"the chosen k is the largest that passes both (privacy budget {curve['budget']}, utility floor "
+        f"{curve['floor']}): **{curve.get('chosen_k') or 'none'}**. It took {curve.get('seconds')} s.\n\n",
+        curve_markdown(curve), "\n",
+        f"\n![privacy against utility for each width]({CURVE_PNG.name})\n" if (path.parent / "keep_family.png").is_file()
+        else ""])
 
 
 def _seconds(v) -> str:
@@ -333,11 +356,15 @@ def _render_gates(path: Path, version) -> str:
 
 # ---------------------------------------------------------------- driver
 
-def outputs(report: Path = DEFAULT_REPORT, targets=TARGETS) -> dict[Path, str]:
-    """What each generated page should hold: {path: text}."""
+def outputs(report: Path = DEFAULT_REPORT, targets=TARGETS) -> dict[Path, str | bytes]:
+    """What each generated file should hold: {path: text}, and the curve's PNG as bytes when results.md shows it."""
     render = {"cli": render_cli, "configuration": render_configuration,
               "results": lambda: render_results(Path(report))}
-    return {DOCS / f"{t}.md": render[t]() for t in targets}
+    out: dict[Path, str | bytes] = {DOCS / f"{t}.md": render[t]() for t in targets}
+    png = Path(report).parent / "keep_family.png"
+    if "results" in targets and CURVE_PNG.name in out[DOCS / "results.md"] and png.is_file():
+        out[CURVE_PNG] = png.read_bytes()
+    return out
 
 
 def main(argv=None) -> int:
@@ -351,13 +378,13 @@ def main(argv=None) -> int:
     targets = args.only or (CHECKED_BY_DEFAULT if args.check else TARGETS)
     stale = []
     for path, text in outputs(Path(args.report), targets).items():
-        current = path.read_text() if path.is_file() else None
+        current = (path.read_bytes() if isinstance(text, bytes) else path.read_text()) if path.is_file() else None
         if current == text:
             continue
         if args.check:
             stale.append(path)
         else:
-            path.write_text(text)
+            path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
             print(f"wrote {path.relative_to(ROOT)}")
     for path in stale:
         print(f"{path.relative_to(ROOT)} is out of date: run python docs/gen_reference.py", file=sys.stderr)

@@ -128,6 +128,18 @@ def test_results_are_rendered_from_the_report(tmp_path):
     # the report's rows become table rows, in the report's order
     assert text.index("| raw | 0.912") < text.index("| splavu | 0.611")
 
+    assert "keep family" not in text  # no curve in that store
+    (report.parent / "keep_family.json").write_text(json.dumps({
+        "seeds": [0, 1], "budget": 0.5, "floor": 0.9, "chosen_k": 14, "seconds": 12.0, "marks": [],
+        "members": [{"name": f"keep k={k}", "k": k, "recentre": True, "privacy": [p, p - 0.1, p + 0.1],
+                     "clip_privacy": None, "ar": [r, r - 0.05, r + 0.05], "tad": None}
+                    for k, p, r in ((11, 0.7, 0.8), (14, 0.62, 0.95))]}))
+    (report.parent / "keep_family.png").write_bytes(b"\x89PNG fake")
+    text = gen.render_results(report, commit="abc1234", machine="m")
+    assert "k = 11, 14" in text and "**14**" in text and "| keep k=11 | 70% [60, 80] |" in text
+    assert "| **keep k=14 (chosen)** | 62% [52, 72] |" in text and "0.95 [0.90, 1.00]" in text
+    assert gen.outputs(report, ("results",))[gen.CURVE_PNG] == b"\x89PNG fake"
+
     missing = gen.render_results(tmp_path / "nowhere.json")
     assert "make demo" in missing and "python docs/gen_reference.py" in missing
     assert not re.search(r"\d\.\d{3}", missing)  # no numbers without a report
