@@ -23,7 +23,10 @@ class PixelBaselineConfig(dg.Config):
                                                         "registered in the store)")
 
 
-@dg.asset(partitions_def=pixel_baselines, deps=["clip_latents"], group_name="baselines", pool="encoder",
+# each baseline re-extracts every shard's videos: all of clip_latents upstream (identity mapping is invalid here)
+@dg.asset(partitions_def=pixel_baselines,
+          deps=[dg.AssetDep("clip_latents", partition_mapping=dg.AllPartitionMapping())],
+          group_name="baselines", pool="encoder",
           kinds={"zarr"}, description="Clip latents of the evaluation datasets with a pixel transform applied before "
                                       "the frozen encoder, in the baseline's own store (never the raw one).")
 def pixel_baseline_latents(context: dg.AssetExecutionContext, config: PixelBaselineConfig, store: StoreResource,

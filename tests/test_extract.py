@@ -199,6 +199,7 @@ def test_definitions_load():
     assert {"video_manifest", "clip_latents", "static_latents"} <= keys
     assert defs.get_job_def("extract_latents") is not None
     assert defs.get_sensor_def("inbox_sensor") is not None
+    dg.Definitions.validate_loadable(defs)  # what `dagster dev` checks: partition mappings, resources, jobs
 
 
 def _reference_embeddings(enc, clips: np.ndarray) -> np.ndarray:
