@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score, f1_score, roc_auc_score
 
-from splavu_core.evaluation.metrics import (chance_cmap, cmap, frame_auc, frame_labels, frame_scores,
+from splavu_core.evaluation import stats
+from splavu_core.evaluation.metrics import (chance_cmap, cmap, cmap_resamples, frame_auc, frame_labels, frame_scores,
                                             interpolated_ap, macro_f1, segment_iou, tad_map, top1)
 from splavu_core.evaluation.suite import leakage_removed_or_none, relative_change_or_none
 from splavu_core.features import VideoFeatures
@@ -32,6 +33,47 @@ def test_cmap_rejects_single_class_column_by_index():
     y = np.array([[0, 1, 1], [1, 1, 0], [0, 1, 1]])
     with pytest.raises(ValueError, match="column 1"):
         cmap(y, np.random.default_rng(0).random(y.shape))
+
+
+def test_cmap_of_every_resample_at_once_equals_one_call_per_resample():
+    """The bootstrap's fast path: bit-for-bit the per-resample cMAP, NaN where a resample leaves a column with one
+    class (where cmap raises), ties included."""
+    rng = np.random.default_rng(3)
+    y = (rng.random((12, 4)) < 0.3).astype(int)
+    y[0], y[1] = 1, 0
+    s = np.round(rng.random((12, 4)), 1)
+    idx = stats.bootstrap_indices(12, 300, seed=1)
+    one_by_one = []
+    for i in idx:
+        try:
+            one_by_one.append(cmap(y[i], s[i]))
+        except ValueError:
+            one_by_one.append(np.nan)
+    fast = cmap_resamples(y, s, idx)
+    assert np.isnan(fast).any() and not np.isnan(fast).all()  # the small set makes some resamples undefined
+    np.testing.assert_array_equal(fast, np.array(one_by_one))
+
+
+@pytest.mark.parametrize("same", [False, True])
+def test_intervals_are_the_same_with_and_without_the_resample_fast_path(same):
+    rng = np.random.default_rng(4)
+    y = (rng.random((30, 3)) < 0.4).astype(int)
+    y[0], y[1] = 1, 0
+    outs = {k: [np.clip(0.4 * y + rng.random(y.shape), 0, 1) for _ in range(3)] for k in "ab"}
+
+    def metric(k, fast):
+        def f(s, idx):
+            i = np.arange(30) if idx is None else idx
+            return cmap(y[i], outs[k][s][i])
+        return stats.with_resamples(f, lambda s, idx: cmap_resamples(y, outs[k][s], idx)) if fast else f
+
+    for fast_a, fast_b in ((True, True), (False, True)):  # one slow side: the pair falls back to the loop
+        a, b = metric("a", fast_a), metric("b", fast_b)
+        slow_a, slow_b = metric("a", False), metric("b", False)
+        assert stats.interval(b, 3, 30, same=same) == stats.interval(slow_b, 3, 30, same=same)
+        assert stats.paired(a, b, 3, 30, same=same) == stats.paired(slow_a, slow_b, 3, 30, same=same)
+        assert stats.ratio_interval(a, b, 3, 30, offset=0.4, same=same) == \
+            stats.ratio_interval(slow_a, slow_b, 3, 30, offset=0.4, same=same)
 
 
 def test_chance_cmap_is_mean_prevalence_and_matches_random_scores():

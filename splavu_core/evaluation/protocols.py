@@ -34,8 +34,9 @@ import torch.nn.functional as F
 
 from ..features import VideoFeatures
 from . import attackers as A
+from . import stats
 from .attackers import Standardiser
-from .metrics import TIOUS, chance_cmap, cmap, frame_labels, frame_scores, tad_map
+from .metrics import TIOUS, chance_cmap, cmap, cmap_resamples, frame_labels, frame_scores, tad_map
 
 Videos = Sequence[VideoFeatures]
 N_SEEDS = 5
@@ -314,17 +315,17 @@ def privacy_attack(train: Videos, test: Videos, attributes: Sequence[str], seeds
     best = A.strongest(mean_c)
     n = len(test)
 
-    def of(name, fn):
+    def of(name, fn, fn_resamples):
         def f(s, idx):
             i = _sel(n, idx)
             return fn(y_test[i], probs_by[name][s][i])
-        return f
+        return stats.with_resamples(f, lambda s, idx: fn_resamples(y_test, probs_by[name][s], idx))
 
     def chance_of(s, idx):
         return chance_cmap(y_test[_sel(n, idx)])
 
-    metrics = {"cmap": of(best, cmap), "f1": of(best, _macro_f1), "chance_cmap": chance_of,
-               **{f"cmap[{name}]": of(name, cmap) for name in probs_by}}
+    metrics = {"cmap": of(best, cmap, cmap_resamples), "f1": of(best, _macro_f1, _macro_f1_resamples),
+               "chance_cmap": chance_of, **{f"cmap[{name}]": of(name, cmap, cmap_resamples) for name in probs_by}}
     chance = {"cmap": chance_cmap(y_test), "f1": None, "chance_cmap": None,
               **{f"cmap[{name}]": chance_cmap(y_test) for name in probs_by}}
     same = all(all(p is v[0] for p in v[1:]) for v in probs_by.values())  # every attacker deterministic
@@ -338,11 +339,20 @@ def privacy_attack(train: Videos, test: Videos, attributes: Sequence[str], seeds
 def _macro_f1(y: np.ndarray, probs: np.ndarray, threshold: float = 0.5) -> float:
     """Macro-F1 over attributes at `threshold` (sklearn's f1_score(average='macro', zero_division=0), in numpy:
     the bootstrap calls it thousands of times)."""
-    pred = probs >= threshold
+    return float(_macro_f1_rows(y, probs, threshold))
+
+
+def _macro_f1_resamples(y: np.ndarray, probs: np.ndarray, idx: np.ndarray, threshold: float = 0.5) -> np.ndarray:
+    """_macro_f1 of each resample of the rows: idx (B, n) -> (B,)."""
+    return _macro_f1_rows(y[idx], probs[idx], threshold)
+
+
+def _macro_f1_rows(y: np.ndarray, probs: np.ndarray, threshold: float) -> np.ndarray:
+    pred = probs >= threshold                                           # (..., N, A)
     y = y.astype(bool)
-    tp = (pred & y).sum(0)
-    denom = pred.sum(0) + y.sum(0)
-    return float(np.mean(np.where(denom > 0, 2 * tp / np.maximum(denom, 1), 0.0)))
+    tp = (pred & y).sum(-2)
+    denom = pred.sum(-2) + y.sum(-2)
+    return np.mean(np.where(denom > 0, 2 * tp / np.maximum(denom, 1), 0.0), axis=-1)
 
 
 # ---------------------------------------------------------------- re-identification

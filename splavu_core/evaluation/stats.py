@@ -54,15 +54,37 @@ def interval(metric: Callable[[int, np.ndarray | None], float], n_seeds: int, n_
     boot = None
     if n_test:
         idx = bootstrap_indices(n_test, n_boot, boot_seed)
-        b0 = [_safe(metric, 0, i) for i in idx]
-        boot = np.array([b0] + [b0 if same else [_safe(metric, s, i) for i in idx] for s in range(1, n_seeds)])
+        b0 = _resamples(metric, 0, idx)
+        boot = np.array([b0] + [b0 if same else _resamples(metric, s, idx) for s in range(1, n_seeds)])
     return _combine(full, boot)
+
+
+def with_resamples(metric: Callable, resamples: Callable[[int, np.ndarray], np.ndarray]) -> Callable:
+    """`metric` that also scores every resample at once: resamples(seed_index, idx (B, n)) -> (B,) floats, NaN
+    where the metric is undefined, equal to [metric(seed_index, i) for i in idx] (the bootstrap's fast path)."""
+    metric.resamples = resamples
+    return metric
+
+
+def _resamples(metric: Callable, s: int, idx: np.ndarray) -> np.ndarray:
+    fast = getattr(metric, "resamples", None)
+    if fast is not None:
+        return np.asarray(fast(s, idx), np.float64)
+    return np.array([_safe(metric, s, i) for i in idx], np.float64)
+
+
+def _both_fast(a: Callable, b: Callable) -> bool:
+    return getattr(a, "resamples", None) is not None and getattr(b, "resamples", None) is not None
 
 
 def paired(metric_a: Callable, metric_b: Callable, n_seeds: int, n_test: int | None, n_boot: int = N_BOOT,
            boot_seed: int = 0, same: bool = False) -> dict:
     """Interval of metric_b − metric_a, paired by seed and by resample (e.g. a = raw, b = anonymized)."""
-    return interval(lambda s, i: metric_b(s, i) - metric_a(s, i), n_seeds, n_test, n_boot, boot_seed, same)
+    def d(s, i):
+        return metric_b(s, i) - metric_a(s, i)
+    if _both_fast(metric_a, metric_b):
+        with_resamples(d, lambda s, idx: metric_b.resamples(s, idx) - metric_a.resamples(s, idx))
+    return interval(d, n_seeds, n_test, n_boot, boot_seed, same)
 
 
 def ratio_interval(metric_a: Callable, metric_b: Callable, n_seeds: int, n_test: int | None, offset: float = 0.0,
@@ -71,6 +93,13 @@ def ratio_interval(metric_a: Callable, metric_b: Callable, n_seeds: int, n_test:
     def r(s, i):
         a = metric_a(s, i) - offset
         return (metric_b(s, i) - offset) / a if a > 0 else np.nan
+
+    def r_resamples(s, idx):
+        a = metric_a.resamples(s, idx) - offset
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(a > 0, (metric_b.resamples(s, idx) - offset) / a, np.nan)
+    if _both_fast(metric_a, metric_b):
+        with_resamples(r, r_resamples)
     return interval(r, n_seeds, n_test, n_boot, boot_seed, same)
 
 
