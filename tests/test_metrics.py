@@ -36,8 +36,8 @@ def test_cmap_rejects_single_class_column_by_index():
 
 
 def test_cmap_of_every_resample_at_once_equals_one_call_per_resample():
-    """The bootstrap's fast path: bit-for-bit the per-resample cMAP, NaN where a resample leaves a column with one
-    class (where cmap raises), ties included."""
+    """The bootstrap's fast path (rows ranked once, resamples as weights): the per-resample cMAP up to rounding,
+    NaN exactly where a resample leaves a column with one class (where cmap raises), ties included."""
     rng = np.random.default_rng(3)
     y = (rng.random((12, 4)) < 0.3).astype(int)
     y[0], y[1] = 1, 0
@@ -51,11 +51,12 @@ def test_cmap_of_every_resample_at_once_equals_one_call_per_resample():
             one_by_one.append(np.nan)
     fast = cmap_resamples(y, s, idx)
     assert np.isnan(fast).any() and not np.isnan(fast).all()  # the small set makes some resamples undefined
-    np.testing.assert_array_equal(fast, np.array(one_by_one))
+    np.testing.assert_allclose(fast, np.array(one_by_one), rtol=0, atol=1e-12)  # NaNs must match too
 
 
 @pytest.mark.parametrize("same", [False, True])
 def test_intervals_are_the_same_with_and_without_the_resample_fast_path(same):
+    """paired and ratio intervals take the fast path only when both sides have it, and it changes nothing."""
     rng = np.random.default_rng(4)
     y = (rng.random((30, 3)) < 0.4).astype(int)
     y[0], y[1] = 1, 0
@@ -70,10 +71,11 @@ def test_intervals_are_the_same_with_and_without_the_resample_fast_path(same):
     for fast_a, fast_b in ((True, True), (False, True)):  # one slow side: the pair falls back to the loop
         a, b = metric("a", fast_a), metric("b", fast_b)
         slow_a, slow_b = metric("a", False), metric("b", False)
-        assert stats.interval(b, 3, 30, same=same) == stats.interval(slow_b, 3, 30, same=same)
-        assert stats.paired(a, b, 3, 30, same=same) == stats.paired(slow_a, slow_b, 3, 30, same=same)
+        assert stats.interval(b, 3, 30, same=same) == pytest.approx(stats.interval(slow_b, 3, 30, same=same), abs=1e-12)
+        assert stats.paired(a, b, 3, 30, same=same) == \
+            pytest.approx(stats.paired(slow_a, slow_b, 3, 30, same=same), abs=1e-12)
         assert stats.ratio_interval(a, b, 3, 30, offset=0.4, same=same) == \
-            stats.ratio_interval(slow_a, slow_b, 3, 30, offset=0.4, same=same)
+            pytest.approx(stats.ratio_interval(slow_a, slow_b, 3, 30, offset=0.4, same=same), abs=1e-12)
 
 
 def test_chance_cmap_is_mean_prevalence_and_matches_random_scores():

@@ -28,33 +28,36 @@ def _as_2d(y_true, scores) -> tuple[np.ndarray, np.ndarray]:
     return y_true.astype(int), scores
 
 
-def _ap_columns(y: np.ndarray, s: np.ndarray) -> np.ndarray:
-    """Average precision of every column, along axis -2: y (..., N, A) in {0, 1}, s (..., N, A) -> (..., A);
-    NaN for a column with one class only. sklearn's definition, ties grouped: AP = (1/P) sum_i y_i P(end of i's tie
-    group), the precision taken where the group of equal scores that holds i ends (ranked high to low).
+def _ap_weighted(y: np.ndarray, s: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Average precision of every column of (y, s) under each row weighting: y (N, A) in {0, 1}, s (N, A),
+    w (B, N) how many times each row counts (a bootstrap resample's multiplicities; ones: the data as given)
+    -> (B, A); NaN where a weighted column has one class only.
 
-    Vectorised over the attributes and any leading axes (bootstrap resamples): the bootstrap scores hundreds of
-    resamples per seed and attacker, and a loop of per-column calls made cMAP most of an evaluation's time."""
-    y, s = np.swapaxes(y, -1, -2), np.swapaxes(s, -1, -2)             # (..., A, N): rank along the last axis
-    n = s.shape[-1]
-    order = np.argsort(-s, axis=-1, kind="stable")
-    ys = np.take_along_axis(y, order, -1).astype(np.float64)
-    ss = np.take_along_axis(s, order, -1)
-    tps = np.cumsum(ys, axis=-1)                                       # true positives down to each rank
-    ends_group = np.ones(ss.shape, bool)
-    ends_group[..., :-1] = ss[..., 1:] != ss[..., :-1]
+    sklearn's definition with ties grouped: AP = (1/P) sum_i y_i precision(end of i's tie group), rows ranked by
+    score, high to low. Rows are ranked once per column; a resample only re-weights them, so no resample is sorted
+    (sorting every resample made cMAP most of an evaluation's time). Counts are integers, exact in float64."""
+    n = s.shape[0]
+    order = np.argsort(-s.T, axis=-1, kind="stable")                    # (A, N) each column high to low
+    ranked = np.take_along_axis(s.T, order, -1)
+    ends_group = np.ones(ranked.shape, bool)
+    ends_group[:, :-1] = ranked[:, 1:] != ranked[:, :-1]
     end = np.where(ends_group, np.arange(n), n)
-    end = np.minimum.accumulate(end[..., ::-1], axis=-1)[..., ::-1]     # where each position's tie group ends
-    precision_at_end = np.take_along_axis(tps, end, -1) / (end + 1)
-    positives = tps[..., -1]
+    end = np.minimum.accumulate(end[:, ::-1], axis=-1)[:, ::-1]          # (A, N) where each rank's tie group ends
+    wr = np.asarray(w, np.float64)[:, order]                            # (B, A, N) weights in rank order
+    pos = wr * np.take_along_axis(y.T, order, -1).astype(np.float64)    # (B, A, N) weighted positives
+    tps, seen = np.cumsum(pos, -1), np.cumsum(wr, -1)
+    col = np.arange(s.shape[1])[:, None]
+    precision_at_end = tps[:, col, end] / np.maximum(seen[:, col, end], 1)
+    positives, total = tps[..., -1], seen[..., -1]
     with np.errstate(invalid="ignore", divide="ignore"):
-        ap = (ys * precision_at_end).sum(axis=-1) / positives
-    return np.where((positives > 0) & (positives < n), ap, np.nan)
+        ap = (pos * precision_at_end).sum(-1) / positives
+    return np.where((positives > 0) & (positives < total), ap, np.nan)
 
 
 def average_precision(y: np.ndarray, s: np.ndarray) -> float:
     """Binary AP (sklearn's definition, ties grouped) of one score column; NaN when y has one class only."""
-    return float(_ap_columns(np.asarray(y).reshape(-1, 1), np.asarray(s, np.float64).reshape(-1, 1))[0])
+    y = np.asarray(y).reshape(-1, 1)
+    return float(_ap_weighted(y, np.asarray(s, np.float64).reshape(-1, 1), np.ones((1, len(y))))[0, 0])
 
 
 def cmap(y_true, scores) -> float:
@@ -63,18 +66,24 @@ def cmap(y_true, scores) -> float:
     y_true (N, A) in {0, 1}; scores (N, A), any monotone score (probabilities or logits).
     """
     y_true, scores = _as_2d(y_true, scores)
-    ap = _ap_columns(y_true, scores)
+    ap = _ap_weighted(y_true, scores, np.ones((1, len(y_true))))[0]
     if np.isnan(ap).any():
         a = int(np.flatnonzero(np.isnan(ap))[0])
         raise ValueError(f"cmap: attribute column {a} has only class {y_true[0, a]} in y_true; AP is undefined")
     return float(ap.mean())
 
 
+def resample_counts(idx: np.ndarray, n: int) -> np.ndarray:
+    """(B, n) row indices drawn with replacement -> (B, n) how many times each row was drawn."""
+    B = len(idx)
+    return np.bincount((idx + n * np.arange(B)[:, None]).ravel(), minlength=B * n).reshape(B, n)
+
+
 def cmap_resamples(y_true: np.ndarray, scores: np.ndarray, idx: np.ndarray) -> np.ndarray:
     """cMAP of each resample of the rows: idx (B, n) row indices -> (B,), NaN where a resampled column has one
-    class (where `cmap` raises). Equals [cmap(y_true[i], scores[i]) for i in idx] exactly (same arithmetic)."""
+    class (where `cmap` raises). Equals [cmap(y_true[i], scores[i]) for i in idx] up to float rounding (~1e-16)."""
     y_true, scores = _as_2d(y_true, scores)
-    return _ap_columns(y_true[idx], scores[idx]).mean(axis=-1)
+    return _ap_weighted(y_true, scores, resample_counts(np.asarray(idx), len(y_true))).mean(axis=-1)
 
 
 def chance_cmap(y_true) -> float:

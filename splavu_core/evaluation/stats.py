@@ -61,7 +61,8 @@ def interval(metric: Callable[[int, np.ndarray | None], float], n_seeds: int, n_
 
 def with_resamples(metric: Callable, resamples: Callable[[int, np.ndarray], np.ndarray]) -> Callable:
     """`metric` that also scores every resample at once: resamples(seed_index, idx (B, n)) -> (B,) floats, NaN
-    where the metric is undefined, equal to [metric(seed_index, i) for i in idx] (the bootstrap's fast path)."""
+    where the metric is undefined, equal up to float rounding to [metric(seed_index, i) for i in idx] (the bootstrap's
+    fast path)."""
     metric.resamples = resamples
     return metric
 
