@@ -78,6 +78,34 @@ def test_intervals_are_the_same_with_and_without_the_resample_fast_path(same):
             pytest.approx(stats.ratio_interval(slow_a, slow_b, 3, 30, offset=0.4, same=same), abs=1e-12)
 
 
+def test_a_metric_scores_each_resample_set_once_across_its_intervals():
+    """A reference set's resample scores enter its interval and every paired difference and ratio against it:
+    computed once per seed, not once per interval."""
+    rng = np.random.default_rng(5)
+    y = (rng.random((30, 3)) < 0.4).astype(int)
+    y[0], y[1] = 1, 0
+    outs = {k: [np.clip(0.4 * y + rng.random(y.shape), 0, 1) for _ in range(3)] for k in "ab"}
+    calls = {"a": 0, "b": 0}
+
+    def metric(k):
+        def counted(s, idx):
+            calls[k] += 1
+            return cmap_resamples(y, outs[k][s], idx)
+        def f(s, idx):
+            i = np.arange(30) if idx is None else idx
+            return cmap(y[i], outs[k][s][i])
+        return stats.with_resamples(f, counted)
+
+    a, b = metric("a"), metric("b")
+    first = stats.paired(a, b, 3, 30)
+    stats.interval(a, 3, 30), stats.ratio_interval(a, b, 3, 30, offset=0.4)
+    assert calls == {"a": 3, "b": 3}
+    assert stats.paired(a, b, 3, 30) == first  # remembered scores give the same interval
+    calls_other_boot = dict(calls)
+    stats.interval(a, 3, 30, boot_seed=1)      # other resamples: scored anew
+    assert calls["a"] == calls_other_boot["a"] + 3
+
+
 def test_chance_cmap_is_mean_prevalence_and_matches_random_scores():
     rng = np.random.default_rng(1)
     y = (rng.random((4000, 3)) < [0.1, 0.3, 0.5]).astype(int)

@@ -13,6 +13,7 @@ so the shared sampling noise cancels. No torch, no dagster.
 """
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -59,11 +60,26 @@ def interval(metric: Callable[[int, np.ndarray | None], float], n_seeds: int, n_
     return _combine(full, boot)
 
 
-def with_resamples(metric: Callable, resamples: Callable[[int, np.ndarray], np.ndarray]) -> Callable:
+def with_resamples(metric: Callable, resamples: Callable[[int, np.ndarray], np.ndarray],
+                   remember: bool = True) -> Callable:
     """`metric` that also scores every resample at once: resamples(seed_index, idx (B, n)) -> (B,) floats, NaN
     where the metric is undefined, equal up to float rounding to [metric(seed_index, i) for i in idx] (the bootstrap's
-    fast path)."""
-    metric.resamples = resamples
+    fast path). Remembered per seed and resample set (remember=False: not, for cheap arithmetic on metrics that are):
+    a reference set's scores enter its own interval and every paired difference and ratio against it, with the same
+    resamples each time."""
+    if not remember:
+        metric.resamples = resamples
+        return metric
+    memo: dict = {}
+
+    def remembered(s: int, idx: np.ndarray) -> np.ndarray:
+        key = (s, idx.shape, hashlib.blake2b(np.ascontiguousarray(idx).tobytes(), digest_size=16).digest())
+        if key not in memo:
+            memo[key] = np.asarray(resamples(s, idx), np.float64)
+            memo[key].setflags(write=False)
+        return memo[key]
+
+    metric.resamples = remembered
     return metric
 
 
@@ -84,7 +100,7 @@ def paired(metric_a: Callable, metric_b: Callable, n_seeds: int, n_test: int | N
     def d(s, i):
         return metric_b(s, i) - metric_a(s, i)
     if _both_fast(metric_a, metric_b):
-        with_resamples(d, lambda s, idx: metric_b.resamples(s, idx) - metric_a.resamples(s, idx))
+        with_resamples(d, lambda s, idx: metric_b.resamples(s, idx) - metric_a.resamples(s, idx), remember=False)
     return interval(d, n_seeds, n_test, n_boot, boot_seed, same)
 
 
@@ -100,7 +116,7 @@ def ratio_interval(metric_a: Callable, metric_b: Callable, n_seeds: int, n_test:
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(a > 0, (metric_b.resamples(s, idx) - offset) / a, np.nan)
     if _both_fast(metric_a, metric_b):
-        with_resamples(r, r_resamples)
+        with_resamples(r, r_resamples, remember=False)
     return interval(r, n_seeds, n_test, n_boot, boot_seed, same)
 
 
