@@ -35,7 +35,7 @@ demo:
 # `timeout` ends a pytest process that outlives its bound anyway. One pytest run on every core (pytest-xdist;
 # --dist loadfile keeps a module's fixtures in one worker). The dask cluster module joins it: its Dagster runs already
 # have processes of their own (tests/cluster_run.py), so it no longer waits for the main suite to finish first.
-# The suite takes 6.5 min on a quiet hour of a 2-core VM, 11.5 min on a slow one; the bound keeps twice that.
+# The suite took 6.5-11.5 min on a 2-core VM (quiet and slow hours); the bound keeps more than twice that.
 TEST_BOUND_S ?= 1500
 TEST_WORKERS ?= auto
 test: setup
