@@ -123,12 +123,9 @@ def _ar_probs(train: Videos, test: Videos, classes: list[str], seeds: list[int],
            for v in test]
     bounds = np.cumsum([0] + [len(s) for s in sel])
     xt = torch.cat(sel)
-    out = []
-    for s in seeds:
-        W, b = fit_logistic(x, y, w, len(classes), l2, s)
-        p = torch.softmax(xt @ W + b, -1).numpy()
-        out.append(np.stack([p[a:e].mean(0) for a, e in zip(bounds[:-1], bounds[1:])]))
-    return np.stack(out)
+    W, b = fit_logistic(x, y, w, len(classes), l2, seeds[0])  # convex: one optimum stands for every seed
+    p = torch.softmax(xt @ W + b, -1).numpy()
+    return np.stack([np.stack([p[a:e].mean(0) for a, e in zip(bounds[:-1], bounds[1:])])] * len(seeds))
 
 
 def action_recognition(train: Videos, test: Videos, seeds: Sequence[int] = seeds_from(), l2: float = 0.1,
@@ -138,6 +135,14 @@ def action_recognition(train: Videos, test: Videos, seeds: Sequence[int] = seeds
     unknown = {v.meta["action"] for v in test} - set(index)
     assert not unknown, f"test actions {sorted(unknown)} are not among the classes {classes}"
     probs = _ar_probs(train, test, classes, list(seeds), l2, n_test_clips)
+    return ar_scored(probs, test, classes)
+
+
+def ar_scored(probs: np.ndarray, test: Videos, classes: Sequence[str]) -> Scored:
+    """The AR Scored of per-seed test-video class probabilities (S, N, C): top-1, and each test class's top-1 as
+    class_top1[<class>]."""
+    classes = list(classes)
+    index = {c: i for i, c in enumerate(classes)}
     pred = probs.argmax(-1)                                                   # (S, N)
     true = np.array([index[v.meta["action"]] for v in test])
     n = len(test)
@@ -153,9 +158,9 @@ def action_recognition(train: Videos, test: Videos, seeds: Sequence[int] = seeds
             return float((pred[s, i] == c).mean()) if len(i) else np.nan
         return f
 
-    metrics = {"top1": top1, **{f"top1[{classes[c]}]": per_class(c) for c in sorted(set(true))}}
+    metrics = {"top1": top1, **{f"class_top1[{classes[c]}]": per_class(c) for c in sorted(set(true))}}
     chance = {k: 1.0 / len(classes) for k in metrics}
-    return Scored("ar", metrics, chance, len(seeds), n, [v.video_id for v in test],
+    return Scored("ar", metrics, chance, len(probs), n, [v.video_id for v in test],
                   details={"classes": classes, "pred": pred, "true": true}, same_outputs=bool((pred == pred[0]).all()))
 
 
@@ -200,12 +205,14 @@ def anomaly_detection(train: Videos, test: Videos, seeds: Sequence[int] = seeds_
     w = torch.tensor([cw[lab] / len(v.feats) for v, lab in zip(train, labels) for _ in range(len(v.feats))],
                      dtype=torch.float64)
     fl = [frame_labels(v) for v in test]
+    W, b = fit_logistic(x, y, w, 1, l2, list(seeds)[0], binary=True)  # convex: one optimum stands for every seed
+    one = [frame_scores(v, (torch.from_numpy(std(v.feats)).to(torch.float64) @ W + b)[:, 0].numpy()) for v in test]
+    return ad_scored([one] * len(seeds), fl, test)
+
+
+def ad_scored(scores: list[list[np.ndarray]], fl: list[np.ndarray], test: Videos) -> Scored:
+    """The AD Scored of per-seed frame scores of each test video (and the videos' frame labels): frame ROC AUC."""
     n = len(test)
-    scores = []
-    for s in seeds:
-        W, b = fit_logistic(x, y, w, 1, l2, s, binary=True)
-        scores.append([frame_scores(v, (torch.from_numpy(std(v.feats)).to(torch.float64) @ W + b)[:, 0].numpy())
-                       for v in test])
 
     def auc(s, idx):
         i = _sel(n, idx)
@@ -214,7 +221,7 @@ def anomaly_detection(train: Videos, test: Videos, seeds: Sequence[int] = seeds_
         return _auc(yy, ss)
 
     same = all(np.allclose(np.concatenate(scores[0]), np.concatenate(sc), atol=1e-4) for sc in scores[1:])
-    return Scored("ad", {"auc": auc}, {"auc": 0.5}, len(seeds), n, [v.video_id for v in test], same_outputs=same)
+    return Scored("ad", {"auc": auc}, {"auc": 0.5}, len(scores), n, [v.video_id for v in test], same_outputs=same)
 
 
 def _auc(y: np.ndarray, s: np.ndarray) -> float:
@@ -265,22 +272,33 @@ def temporal_detection_head(train: Videos, test: Videos, classes: Sequence[str],
         dets.append([[(a, e, classes[c], p) for a, e, c, p in
                       tad_decode(cl[j, :len(v.feats)], rg[j, :len(v.feats)], v.clip_start_s, v.clip_end_s)]
                      for j, v in enumerate(test)])
+    return tad_scored(dets, gts, test, tious, n_boot=100)
+
+
+def tad_scored(dets: list, gts: list, test: Videos, tious: Sequence[float], n_boot: int = 100) -> Scored:
+    """The TAD Scored of per-seed detections [(start_s, end_s, label, score)] of each test video: mAP over the
+    tIoUs and mAP@t at each. Chance: the same detections scored against the ground truth of other test videos
+    (cyclic shifts). Seeds whose detections are the same object share their evaluations."""
     n = len(test)
+    cache: dict = {}
 
-    def mAP_at(key):
-        def f(s, idx):
-            i = _sel(n, idx)  # resampled videos get distinct keys: a video drawn twice counts twice
-            out = tad_map({k: dets[s][j] for k, j in enumerate(i)}, {k: gts[j] for k, j in enumerate(i)}, tious)
-            return out[key]
-        return f
+    def scores(s, idx):
+        i = _sel(n, idx)  # resampled videos get distinct keys: a video drawn twice counts twice
+        key = (id(dets[s]), i.tobytes())
+        if key not in cache:
+            cache[key] = tad_map({k: dets[s][j] for k, j in enumerate(i)}, {k: gts[j] for k, j in enumerate(i)}, tious)
+        return cache[key]
 
-    # chance: the same detections scored against the ground truth of other test videos (cyclic shifts)
+    def at(name):
+        return lambda s, idx: scores(s, idx)[name]
+
     shifts = [1, 2, 3] if n > 3 else [1]
     null = [tad_map({k: dets[0][(k + sh) % n] for k in range(n)}, {k: gts[k] for k in range(n)}, tious)["mAP"]
             for sh in shifts]
-    metrics = {"mAP": mAP_at("mAP")}
-    return Scored("tad", metrics, {"mAP": float(np.mean(null))}, len(seeds), n, [v.video_id for v in test],
-                  details={"tious": list(tious)})
+    names = ["mAP"] + [f"mAP@{t:g}" for t in tious]
+    return Scored("tad", {m: at(m) for m in names}, {"mAP": float(np.mean(null)), **{m: None for m in names[1:]}},
+                  len(dets), n, [v.video_id for v in test], details={"tious": list(tious)},
+                  same_outputs=all(d is dets[0] for d in dets[1:]), n_boot=n_boot)  # mAP is costly to re-score
 
 
 # ---------------------------------------------------------------- privacy
@@ -505,39 +523,11 @@ def temporal_detection(train: Videos, test: Videos, classes: Sequence[str], seed
     w = torch.ones(len(y), dtype=torch.float64)
     xt = [torch.from_numpy(_context(std(v.feats), context)).to(torch.float64) for v in test]
     gts = [[tuple(seg) for seg in v.meta.get("segments") or []] for v in test]
-    dets, probs = [], []
-    for s in seeds:
-        W, b = fit_logistic(x, y, w, len(classes) + 1, l2, s)
-        ps = [torch.softmax(a @ W + b, -1).numpy() for a in xt]
-        if probs and all(np.allclose(p, q, atol=1e-4) for p, q in zip(probs[-1], ps)):
-            probs.append(probs[-1])  # the same optimum (convex): the same detections
-            dets.append(dets[-1])
-            continue
-        probs.append(ps)
-        dets.append([sorted((d for c in range(len(classes))
-                             for d in _runs_to_detections(p[:, c], np.asarray(v.clip_start_s), np.asarray(v.clip_end_s), c)),
-                            key=lambda d: -d[3])
-                     for p, v in zip(ps, test)])
-    dets = [[[(a, e, classes[c], sc) for a, e, c, sc in dv] for dv in ds] for ds in dets]
-    n = len(test)
-
-    cache: dict = {}
-
-    def scores(s, idx):
-        i = _sel(n, idx)
-        key = (id(dets[s]), i.tobytes())  # seeds with the same detections share one evaluation
-        if key not in cache:
-            cache[key] = tad_map({k: dets[s][j] for k, j in enumerate(i)}, {k: gts[j] for k, j in enumerate(i)}, tious)
-        return cache[key]
-
-    def at(name):
-        return lambda s, idx: scores(s, idx)[name]
-
-    shifts = [1, 2, 3] if n > 3 else [1]
-    null = [tad_map({k: dets[0][(k + sh) % n] for k in range(n)}, {k: gts[k] for k in range(n)}, tious)["mAP"]
-            for sh in shifts]
-    same = all(d is dets[0] for d in dets[1:])
-    names = ["mAP"] + [f"mAP@{t:g}" for t in tious]
-    return Scored("tad", {m: at(m) for m in names}, {"mAP": float(np.mean(null)), **{m: None for m in names[1:]}},
-                  len(seeds), n, [v.video_id for v in test],
-                  details={"tious": list(tious)}, same_outputs=same, n_boot=100)  # mAP is costly to re-score
+    W, b = fit_logistic(x, y, w, len(classes) + 1, l2, list(seeds)[0])  # convex: one optimum stands for every seed
+    ps = [torch.softmax(a @ W + b, -1).numpy() for a in xt]
+    one = [[(a, e, classes[c], sc) for a, e, c, sc in sorted(
+        (d for c in range(len(classes))
+         for d in _runs_to_detections(p[:, c], np.asarray(v.clip_start_s), np.asarray(v.clip_end_s), c)),
+        key=lambda d: -d[3])] for p, v in zip(ps, test)]
+    dets = [one] * len(seeds)
+    return tad_scored(dets, gts, test, tious)

@@ -174,6 +174,59 @@ def attackers_markdown(rows: Sequence[dict]) -> list[str]:
     return out
 
 
+READER_TABLES = (("ar", "Action recognition: top-1 by reader (retention)"),
+                 ("tad", "Temporal action detection: mAP by reader (retention)"),
+                 ("ad", "Anomaly detection: frame AUC by reader (retention)"))
+
+
+def readers_markdown(rows: Sequence[dict]) -> list[str]:
+    """One table per utility task: each reader's score with its interval and, for non-raw rows, the share of raw's
+    above-chance utility it says was kept; * marks raw's strongest reader, which judges every row (the headline,
+    the retention column and the utility gate quote it)."""
+    from .readers import NAMES
+
+    out = []
+    raw = rows[0] if rows else {}
+    for task, title in READER_TABLES:
+        have = [r for r in rows if (r.get("readers") or {}).get(task)]
+        if not have:
+            continue
+        names = [n for n in NAMES[task] if any(n in r["readers"][task] for r in have)]
+        raw_rd = (raw.get("readers") or {}).get(task) or {}
+        judge = max((n for n in names if "score" in raw_rd.get(n, {})), key=lambda n: raw_rd[n]["score"]["value"],
+                    default=None)
+        lines = [f"#### {title}", "", "| Features | " + " | ".join(n + ("*" if n == judge else "") for n in names) + " |",
+                 "|---|" + "---:|" * len(names)]
+        for r in have:
+            cells = []
+            for n in names:
+                st = r["readers"][task].get(n, {})
+                cell = fmt_interval(st["score"]) if "score" in st else "—"
+                if "retained" in st:
+                    rt = st["retained"]
+                    cell += f" ({rt['value']:.2f} [{rt['ci_low']:.2f}, {rt['ci_high']:.2f}])"
+                cells.append(cell)
+            lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
+        out += lines + [""]
+    if out:
+        out += ["Utility readers have a fixed capacity (evaluation/readers.py). * = the strongest reader on raw: it "
+                "judges every row, paired with itself, so the anonymized table cannot choose its own reader.", ""]
+    return out
+
+
+def unseen_markdown(report: dict) -> list[str]:
+    """The tasks nobody fitted for (report["unseen"], from unseen_tasks_eval), when the report carries them."""
+    from .unseen import markdown
+
+    u = report.get("unseen")
+    if not u:
+        return []
+    return ["### Tasks the fit never saw (test split)", "",
+            f"Retention of each task after refitting AAM `{u['version']}`'s configuration without that task's labels, "
+            f"and of AR on action classes withheld from the fit; judged by raw's strongest reader.", "",
+            markdown(u), ""]
+
+
 def _footer(report: dict, version_note: str | None = None) -> list[str]:
     raw = report["rows"][0] if report["rows"] else {}
     notes = []
@@ -265,7 +318,7 @@ def demo_markdown(demo: Mapping | None) -> list[str]:
 def report_markdown(report: dict, title: str = "Privacy–utility trade-off") -> str:
     cost = costs_markdown(report["costs"]) if report.get("costs") else []
     return "\n".join([f"## {title}", "", table_markdown(report["rows"]), ""] + attackers_markdown(report["rows"])
-                     + cost + _footer(report)) + "\n"
+                     + readers_markdown(report["rows"]) + unseen_markdown(report) + cost + _footer(report)) + "\n"
 
 
 def ablation_markdown(report: dict, groups: Mapping[str, Sequence[str]]) -> str:

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..features import VideoFeatures
 from . import protocols as P
+from . import readers as R
 from . import stats
 
 UTILITY = {"ar": "top1", "tad": "mAP", "ad": "auc"}       # the seen/utility tasks and their headline metric
@@ -100,7 +101,7 @@ def run_task(task: str, videos: Sequence[VideoFeatures], split: str, seeds: Sequ
     if not train or not test:
         return None, f"needs train and {split} videos (have {len(train)} / {len(test)})"
     if task == "ar":
-        return P.action_recognition(train, test, seeds, **kw), None
+        return R.read("ar", train, test, seeds, **kw), None
     if task in ("bias_f", "bias_m"):
         if len({v.meta.get("group") for v in test} - {None}) < 2:
             return None, f"needs a {split} split with >= 2 groups"
@@ -109,12 +110,12 @@ def run_task(task: str, videos: Sequence[VideoFeatures], split: str, seeds: Sequ
         if not any(v.meta.get("segments") for v in test):
             return None, f"needs {split} videos with 'segments'"
         classes = sorted({s[2] for v in train + test for s in (v.meta.get("segments") or [])})
-        return P.temporal_detection(train, test, classes, seeds, **kw), None
+        return R.read("tad", train, test, seeds, classes=classes, **kw), None
     if task == "ad":
         for part, name in ((train, "train"), (test, split)):
             if {v.meta.get("anomaly") for v in part} != {0, 1}:
                 return None, f"needs {name} videos with both anomaly labels 0 and 1"
-        return P.anomaly_detection(train, test, seeds, **kw), None
+        return R.read("ad", train, test, seeds, **kw), None
     if task == "reid":
         for part, name in ((train, "train"), (test, split)):
             if any(v.meta.get("subject_id") is None for v in part):
@@ -173,9 +174,13 @@ def scored_rows(sc: P.Scored, feature_set: str, aam_version: str | None, split: 
             lr = {**r, "value": 1 - r["value"], "ci_low": 1 - r["ci_high"], "ci_high": 1 - r["ci_low"]}
             rows.append(_row(feature_set, aam_version, sc.task, out + m[len(base):], lr, None, split, created_at))
     elif sc.task in UTILITY:
-        m = UTILITY[sc.task]
-        r = _ratio(ref.metrics[m], sc.metrics[m], n_seeds, sc.n_test, chance_of[m], same, sc.n_boot)
-        rows.append(_row(feature_set, aam_version, sc.task, f"retention_{m}", r, None, split, created_at))
+        # the headline is raw's strongest reader on both sides (score_sets bound it); each reader for the record
+        base = UTILITY[sc.task]
+        for m in [base] + [m for m in sc.metrics if m.startswith(f"{base}[") and m in ref.metrics]:
+            r = _ratio(ref.metrics[m], sc.metrics[m], n_seeds, sc.n_test, chance_of[m], same, sc.n_boot)
+            if m != base and not np.isfinite([r["value"], r["ci_low"], r["ci_high"]]).all():
+                continue  # a reader that reads raw at chance keeps no share of anything: no row, not a NaN
+            rows.append(_row(feature_set, aam_version, sc.task, f"retention_{m}", r, None, split, created_at))
     return rows
 
 
@@ -187,6 +192,24 @@ def _ratio(ref_fn, fn, n_seeds, n_test, chance, same=False, n_boot=stats.N_BOOT)
     b = np.mean([fn(s, None) for s in range(n_seeds)]) - chance
     value = float(b / a) if a > 0 else float("nan")
     return {**r, "value": value, "ci_low": value - (r["value"] - r["ci_low"]), "ci_high": value + (r["ci_high"] - r["value"])}
+
+
+# raw's scores in this process, by (task, split, seeds, probe settings, the videos' ids, labels and bytes): the gates,
+# the evaluation, its unseen-task rows and the curve of one run (`splavu demo`, `splavu evaluate`) score raw once per
+# task and split, whatever the versions they compare with it. Bounded: raw sets are few.
+_RAW_SCORES: dict = {}
+_RAW_SCORES_MAX = 64
+
+
+def _raw_key(task: str, videos: Sequence[VideoFeatures], split: str, seeds, kw: Mapping) -> str:
+    h = hashlib.blake2b(repr((task, split, list(seeds), sorted((k, repr(v)) for k, v in kw.items()))).encode(),
+                        digest_size=16)
+    for v in videos:
+        h.update(f"{v.video_id}|{v.split}|{sorted((k, repr(x)) for k, x in v.meta.items())}".encode())
+        h.update(np.ascontiguousarray(v.feats).tobytes())
+    if len(_RAW_SCORES) >= _RAW_SCORES_MAX:
+        _RAW_SCORES.pop(next(iter(_RAW_SCORES)))
+    return h.hexdigest()
 
 
 class EvalResult(list):
@@ -229,7 +252,12 @@ def score_sets(sets: Mapping[str, Mapping[str, Sequence[VideoFeatures]]], which:
             cached = reference_cache.get(task) if reference_cache is not None and name == reference else None
             if task in (scored or {}).get(name, {}):
                 cached = (scored[name][task], None)
+            raw_key = _raw_key(task, videos, split, seeds, kw) if name == reference == "raw" else None
+            if cached is None and raw_key in _RAW_SCORES:
+                cached = _RAW_SCORES[raw_key]
             sc, why = cached if cached is not None else run_task(task, videos, split, seeds, kw, attrs)
+            if raw_key is not None:
+                _RAW_SCORES[raw_key] = (sc, why)
             if name == reference and reference_cache is not None and cached is None:
                 reference_cache[task] = (sc, why)
             if sc is None:
@@ -240,6 +268,8 @@ def score_sets(sets: Mapping[str, Mapping[str, Sequence[VideoFeatures]]], which:
             if name == reference:
                 ref_sc = sc
                 attrs = sc.details.get("attributes")
+            elif ref_sc is not None and "readers" in sc.details:
+                sc = R.judged_by(sc, ref_sc.details["strongest"])  # utility: raw's strongest reader judges
             out.scored.setdefault(task, {})[name] = sc
             out.extend(scored_rows(sc, name, versions.get(name), "all" if task == "gait" else split, created_at,
                                    ref=ref_sc if name != reference else None))

@@ -151,6 +151,9 @@ def report_row(name: str, rows: Sequence[dict]) -> dict:
     att = attacker_stats(rows)
     if att:
         out["attackers"] = att
+    rd = reader_stats(rows)
+    if rd:
+        out["readers"] = rd
     if iv:
         out["intervals"] = iv
     if ch:
@@ -165,18 +168,32 @@ ATTACKED = {"privacy": ("cmap", "leakage_removed"), "clip_privacy": ("cmap", "le
             "reid": ("rank1", "linkage_removed")}
 
 
-def attacker_stats(rows: Sequence[dict]) -> dict:
-    """task -> attacker -> {"score": its cMAP / rank-1 stat, "removed": its leakage (linkage) removed stat} from
-    the per-attacker rows (metric 'cmap[mlp]', 'leakage_removed[mlp]', ...)."""
+READ = {"ar": ("top1", "retention_top1"), "tad": ("mAP", "retention_mAP"), "ad": ("auc", "retention_auc")}
+
+
+def _bracketed(rows: Sequence[dict], tasks: Mapping[str, tuple[str, str]], second: str) -> dict:
+    """task -> member -> {"score": stat of '<score>[member]', second: stat of '<other>[member]'}."""
     out: dict = {}
-    for task, (score, removed) in ATTACKED.items():
+    for task, (score, other) in tasks.items():
         for r in rows:
             m = r["metric"]
-            for key, prefix in (("score", score), ("removed", removed)):
+            for key, prefix in (("score", score), (second, other)):
                 if r["task"] == task and m.startswith(prefix + "[") and r.get("ci_low") is not None:
                     name = m[len(prefix) + 1:-1]
                     out.setdefault(task, {}).setdefault(name, {})[key] = {k: r.get(k) for k in STAT_KEYS}
     return out
+
+
+def attacker_stats(rows: Sequence[dict]) -> dict:
+    """task -> attacker -> {"score": its cMAP / rank-1 stat, "removed": its leakage (linkage) removed stat} from
+    the per-attacker rows (metric 'cmap[mlp]', 'leakage_removed[mlp]', ...)."""
+    return _bracketed(rows, ATTACKED, "removed")
+
+
+def reader_stats(rows: Sequence[dict]) -> dict:
+    """task -> utility reader -> {"score": its top-1 / mAP / AUC stat, "retained": its retention stat} from the
+    per-reader rows (metric 'top1[mlp]', 'retention_top1[mlp]', ...)."""
+    return _bracketed(rows, READ, "retained")
 
 
 def _stat_row(rows: Sequence[dict], task: str, metric: str) -> dict | None:

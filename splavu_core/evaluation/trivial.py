@@ -16,7 +16,7 @@ from ..features import VideoFeatures
 from .scoring import apply_features
 
 TRAINING_TASKS = ("ar", "tad", "ad")
-SCORED_TASKS = ("privacy", "clip_privacy", "reid", "ar")   # what the report scores them on
+SCORED_TASKS = ("privacy", "clip_privacy", "reid", "ar", "tad", "ad")   # what the report scores them on
 
 
 def names(width: int) -> list[str]:
