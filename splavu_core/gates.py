@@ -6,9 +6,10 @@
               across actions); the LOWER end of each 95% interval must meet the budget ($SPLAVU_PRIVACY_BUDGET,
               default 0.5)
     utility   every task the AAM was trained with (its "seen" tasks: AR / TAD / AD) keeps a share of the raw
-              features' above-chance utility, (anon − chance) / (raw − chance); it fails when the UPPER end of
-              that interval is below the threshold ($SPLAVU_UTILITY_GATE, default 0.9) or when the
-              anonymized features are not above chance beyond their interval
+              features' above-chance utility, (anon − chance) / (raw − chance), read by the strongest reader of
+              the task's suite on raw (evaluation/readers.py) paired with itself; it fails when that share is below
+              the threshold ($SPLAVU_UTILITY_GATE, default 0.95) with the interval's upper end below 1 (a loss
+              beyond the noise), or when the anonymized features are not above chance beyond their interval
 
 Both are scored by splavu_core.evaluation.scoring with split="val" (the dataset's 'val' videos, or a
 deterministic validation split carved from its train videos), 5 probe seeds, paired raw vs anonymized. The
@@ -116,7 +117,7 @@ def measure_gates(store: FeatureStore, version: str, base_seed: int = 0, n_seeds
     seeds = list(range(base_seed, base_seed + n_seeds))
     shard_state = {t: shard_hashes(store, raw_shards(store, ds[t])) for t in which}
     key = _key({"version": version, "shards": shard_state, "seeds": seeds, "probe": probe_kwargs or {},
-                "datasets": {t: ds[t] for t in which}, "fingerprint": store.encoder_fingerprint(), "protocol": 3})
+                "datasets": {t: ds[t] for t in which}, "fingerprint": store.encoder_fingerprint(), "protocol": 4})
     cache = f"reports/gates/{version}.json"
     if use_cache and store.files.isfile(cache):
         hit = store.files.read_json(cache)
@@ -159,18 +160,7 @@ def measure_gates(store: FeatureStore, version: str, base_seed: int = 0, n_seeds
                          "leakage_removed": lr["value"] if signal and lr else None,
                          "leakage_removed_ci_low": lr["ci_low"] if signal and lr else None,
                          "leakage_removed_ci_high": lr["ci_high"] if signal and lr else None}
-    utility = {}
-    for task in seen:
-        m = {"ar": "top1", "tad": "mAP", "ad": "auc"}[task]
-        r, a, ret = stat("raw", task, m), stat("splavu", task, m), stat("splavu", task, f"retention_{m}")
-        if r is None or a is None or ret is None:
-            utility[task] = {"skipped": res.skipped.get(task, f"{task} not measured on validation")}
-            continue
-        utility[task] = {"dataset": ds[task], "metric": m, "raw": r["value"], "raw_ci": [r["ci_low"], r["ci_high"]],
-                         "anon": a["value"], "anon_ci": [a["ci_low"], a["ci_high"]], "chance": r["chance"],
-                         "retention": ret["value"], "retention_ci_low": ret["ci_low"],
-                         "retention_ci_high": ret["ci_high"], "no_signal": not r["ci_low"] > r["chance"],
-                         "anon_at_chance": not a["ci_low"] > r["chance"]}
+    utility = utility_measures(res, seen, ds)
     scored = {task: by_set["raw"].test_ids for task, by_set in res.scored.items() if "raw" in by_set}
     measure = {"version": version, "split": "val", "seeds": seeds, "privacy": privacy, "utility": utility,
                "seen_tasks": seen, "source": source, "rows": rows, "scored_videos": scored}
@@ -178,6 +168,30 @@ def measure_gates(store: FeatureStore, version: str, base_seed: int = 0, n_seeds
                                                       "created_at": datetime.now(timezone.utc).isoformat()},
                                                      default=str)))
     return {**measure, "cached": False}
+
+
+def utility_measures(res, seen, datasets: dict, name: str = "splavu") -> dict:
+    """task -> the utility gate's measure of feature set `name` against raw, from scoring.score_sets' result `res`:
+    {dataset, metric, raw, anon, chance, retention (+ interval), reader (raw's strongest, the judge), no_signal,
+    anon_at_chance}, or {"skipped": why}."""
+    def stat(fs_, task, metric):
+        hits = [r for r in res if r["feature_set"] == fs_ and r["task"] == task and r["metric"] == metric]
+        return hits[-1] if hits else None
+
+    utility = {}
+    for task in seen:
+        m = {"ar": "top1", "tad": "mAP", "ad": "auc"}[task]
+        r, a, ret = stat("raw", task, m), stat(name, task, m), stat(name, task, f"retention_{m}")
+        if r is None or a is None or ret is None:
+            utility[task] = {"skipped": res.skipped.get(task, f"{task} not measured on validation")}
+            continue
+        utility[task] = {"dataset": datasets[task], "metric": m, "raw": r["value"], "raw_ci": [r["ci_low"], r["ci_high"]],
+                         "anon": a["value"], "anon_ci": [a["ci_low"], a["ci_high"]], "chance": r["chance"],
+                         "retention": ret["value"], "retention_ci_low": ret["ci_low"],
+                         "retention_ci_high": ret["ci_high"], "no_signal": not r["ci_low"] > r["chance"],
+                         "reader": res.scored[task]["raw"].details.get("strongest"),
+                         "anon_at_chance": not a["ci_low"] > r["chance"]}
+    return utility
 
 
 def scored_in_process(store: FeatureStore, version: str, seeds, probe_kwargs: dict, datasets: dict) -> dict | None:

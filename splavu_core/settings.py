@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 PREFIX = "SPLAVU_"
 DEFAULT_STORE = "./store"
 DEFAULT_PRIVACY_BUDGET = 0.5  # share of above-chance leakage to remove, on the CI's lower end (<= 0: off)
-DEFAULT_UTILITY_GATE = 0.9    # share of the raw features' above-chance utility a seen task must keep (<= 0: off)
+DEFAULT_UTILITY_GATE = 0.95   # share of the raw features' above-chance utility a seen task must keep (<= 0: off)
 DEFAULT_CRON = "0 3 * * *"
 ENGINES = ("multiprocess", "in_process", "dask", "k8s")
 
@@ -112,8 +112,9 @@ class Settings:
         "lower end of its 95% interval, for an AAM to be promoted. <= 0 turns the gate off.", "fraction", _float)
     utility_gate: float = _setting(
         "SPLAVU_UTILITY_GATE", DEFAULT_UTILITY_GATE,
-        "Utility gate: share of the raw features' above-chance utility each seen task must keep (interval "
-        "below it: refused). <= 0 turns the gate off.", "fraction", _float)
+        "Utility gate: share of the raw features' above-chance utility each seen task must keep, read by raw's "
+        "strongest reader (below it with the interval's upper end below 1, a loss beyond the noise: refused). "
+        "<= 0 turns the gate off.", "fraction", _float)
     # ---- re-anonymization
     aam_retention: int = _setting(
         "SPLAVU_AAM_RETENTION", 0,

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..aam.train import TrainConfig, fit_closed_form, load_training_data
 from ..gates import scored_in_process
-from ..ledger import privacy_threshold, utility_fraction
+from ..ledger import privacy_threshold, retention_kept, utility_fraction
 from ..datasets import task_datasets, training_plan
 from ..store import FeatureStore
 from .attackers import SUITE_NAMES
@@ -51,11 +51,11 @@ def summarise(rows, name: str) -> dict:
 
 def operating_point(members: list[dict], budget: float, floor: float) -> dict | None:
     """The largest k that passes both promotion gates' rules on these rows: the weaker leakage removal's lower end
-    meets the privacy budget, and no seen task's retention has its upper end below the utility floor (a task whose
-    raw features are at chance, retention NaN, has nothing to lose: as the utility gate)."""
+    meets the privacy budget, and every seen task's retention passes the utility gate's rule (ledger.retention_kept;
+    a task whose raw features are at chance, retention NaN, has nothing to lose: as the utility gate)."""
     def passes(m):
         private = all(m[t][1] >= budget for t in PRIVATE if t in m) and "privacy" in m
-        return private and not any(m[t][2] < floor for t in m["seen"] if t in m)
+        return private and all(retention_kept(m[t][0], m[t][2], floor) for t in m["seen"] if t in m)
     ok = [m for m in members if passes(m)]
     return max(ok, key=lambda m: m["k"]) if ok else None
 
@@ -127,11 +127,12 @@ def family_sets(inp: FamilyInputs, ks: Sequence[int], ridges: Sequence[float] | 
 
 def heldout_classes(store: FeatureStore, inp: FamilyInputs, ks: Sequence[int], folds: int = 3,
                     seeds: Sequence[int] = range(5), recentres: Sequence[bool] | None = None,
-                    split: str = "val") -> list[dict]:
+                    split: str = "val", baselines: dict | None = None) -> list[dict]:
     """Action classes nobody trained for. Per fold f, the fit sees AR alone, without the classes classes[f::folds]
     (neither their train nor their val videos), and AR is probed on those classes' videos only: raw vs member,
     paired, with intervals. Returns the members, each with its fold, unseen classes and raw's top-1 on them
-    ([value, ci_low, ci_high, chance]); a member's "ar" is its retention (NaN when raw is at chance there)."""
+    ([value, ci_low, ci_high, chance]); a member's "ar" is its retention (NaN when raw is at chance there).
+    baselines: name -> a label-free per-video map (T, D) -> (T, k), scored beside the members ("baseline": True)."""
     d, ards = inp.data, inp.datasets.get("ar")
     assert ards and len(d.classes) >= 2 * folds, f"heldout_classes needs an AR dataset with >= {2 * folds} classes"
     out = []
@@ -143,6 +144,10 @@ def heldout_classes(store: FeatureStore, inp: FamilyInputs, ks: Sequence[int], f
         sub = dataclasses.replace(inp, data=data, cfg=dataclasses.replace(inp.cfg, tasks=("ar",)), which=["ar"],
                                   raw={ards: [v for v in inp.raw[ards] if v.meta.get("action") in unseen]})
         sets, members = family_sets(sub, ks, recentres=recentres)
+        for name, fn in (baselines or {}).items():
+            sets[name] = {ds: [dataclasses.replace(v, feats=fn(v.feats).astype(np.float32)) for v in vs]
+                          for ds, vs in sub.raw.items()}
+            members.append({"name": name, "seen": [], "baseline": True})
         raw = next(r for r in score_family(store, sub, sets, members, [], split=split, seeds=seeds) if r["metric"] == "top1")
         out += [{**m, "fold": f, "unseen": sorted(unseen),
                  "raw_top1": [round(raw[k], 4) for k in ("value", "ci_low", "ci_high", "chance")]} for m in members]
