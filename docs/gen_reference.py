@@ -272,6 +272,16 @@ def render_results(report_path: Path, commit: str | None = None, machine: str | 
         out.append("\n`mlp_width` is the previous protocol's D → D → A attacker. Its capacity shrinks with the "
                    "table, so it is shown for the record and never judges.\n")
 
+    from splavu_core.evaluation.report import readers_markdown, unseen_markdown
+
+    by_reader = readers_markdown(rows)
+    if by_reader:
+        out += ["\n## Utility by reader\n\n", "Each cell: the reader's score [95% interval] and, for non-raw rows, "
+                "(the share of raw's above-chance utility it kept [interval]).\n\n", "\n".join(by_reader)]
+    unseen = unseen_markdown(report)
+    if unseen:
+        out += ["\n", "\n".join(unseen).replace("### ", "## ", 1)]
+
     out.append(_render_gates(report_path.parent / "gates" / f"{version}.json", version))
 
     out.append(_render_curve(report_path.parent / "keep_family.json"))
@@ -313,6 +323,7 @@ def _seconds(v) -> str:
 
 
 def _render_gates(path: Path, version) -> str:
+    from splavu_core.ledger import retention_kept
     from splavu_core.settings import settings
 
     head = "\n## Gates (validation split)\n\n"
@@ -344,13 +355,16 @@ def _render_gates(path: Path, version) -> str:
     body = []
     for task, m in utility.items():
         low, high = m.get("retention_ci_low"), m.get("retention_ci_high")
-        ok = high is None or high >= s.utility_gate
+        ok = "skipped" in m or m.get("no_signal") or (
+            retention_kept(m["retention"], high, s.utility_gate) and not m.get("anon_at_chance"))
         body.append([task + (" (seen)" if task in seen else " (unseen)"), str(m.get("metric", "")),
-                     f"{_num(m.get('raw'))} → {_num(m.get('anon'))}",
+                     str(m.get("reader") or "—"), f"{_num(m.get('raw'))} → {_num(m.get('anon'))}",
                      f"{_num(m.get('retention'))} [{_num(low)}, {_num(high)}]", "yes" if ok else "no"])
     if body:
-        out += ["\n### Utility\n\n", "Only seen tasks are gated.\n\n",
-                _table(["task", "metric", "raw → anonymized", "retention [95% interval]", "upper end ≥ gate"], body)]
+        out += ["\n### Utility\n\n", "Only seen tasks are gated. A task is refused when its retention is below the "
+                "gate with the interval's upper end below 1 (a loss beyond the noise).\n\n",
+                _table(["task", "metric", "reader (raw's strongest)", "raw → anonymized", "retention [95% interval]",
+                        "kept"], body)]
     return "".join(out)
 
 

@@ -35,8 +35,11 @@ STAMP = "benchmark.json"
 SCALES = {
     "tiny": dict(ar=(3, 1, 2), ar_actors=(12, 4, 8), privacy=(48, 32), tad=(6, 2, 4), ad=(6, 6),
                  bias=(3, 2), gait=(4, 2), tad_frames=(96, 128), ad_frames=(128, 160)),
+    # tad_extra / ad_extra: evaluation-only (val, test) videos added after the rest (_evaluation_extra), sized so a
+    # 10% loss of TAD utility shows beyond the noise of its retention interval (docs/benchmark.md)
     "demo": dict(ar=(40, 10, 20), ar_actors=(80, 20, 40), privacy=(600, 300), tad=(80, 20, 40), ad=(80, 40),
-                 bias=(30, 20), gait=(24, 4), tad_frames=(160, 224), ad_frames=(256, 384)),
+                 bias=(30, 20), gait=(24, 4), tad_frames=(160, 224), ad_frames=(256, 384),
+                 tad_extra=(40, 80), ad_extra=(40, 40)),
     "large": dict(ar=(120, 30, 60), ar_actors=(240, 60, 120), privacy=(1800, 900), tad=(240, 60, 120),
                   ad=(240, 120), bias=(90, 60), gait=(72, 4), tad_frames=(160, 224), ad_frames=(256, 384)),
 }
@@ -132,41 +135,60 @@ def _timeline(rng, n_frames, n_segments, vocabulary, min_len, max_len):
     return timeline
 
 
+def _evaluation_extra(name, cfg, base, plans, plan_one, pools=(10, 20)):
+    """The scale's extra evaluation videos (`<name>_extra`: (val, test) counts), planned AFTER every other video of
+    the dataset from a generator of their own, with actors of their own: the videos planned before (and so the
+    AAM's training set) are the same with or without them. Evaluation-only: no static clips are encoded."""
+    n_val, n_test = cfg.get(f"{name}_extra", (0, 0))
+    rng = np.random.default_rng([*base, 2])
+    extra = dict(zip(("val", "test"), (([random_actor(rng) for _ in range(n)]) for n in pools)))
+    for split, n in (("val", n_val), ("test", n_test)):
+        for j in range(n):
+            plans.append(plan_one(rng, split, extra[split], len(plans), j))
+    return plans
+
+
 def _plan_tad(name, cfg, rng, base):
     pools, plans = _actor_pools(rng, (40, 10, 20)), []
     lo, hi = cfg["tad_frames"]
+
+    def one(rng, split, pool, i, _j):
+        n_frames = int(rng.integers(lo // CLIP_LEN, hi // CLIP_LEN + 1)) * CLIP_LEN
+        timeline = _timeline(rng, n_frames, int(rng.integers(1, 5)), cfg["actions"], 24, 56)
+        segs = [[round(a / FPS, 4), round(b / FPS, 4), act] for act, a, b in timeline]
+        actor = pool[int(rng.integers(len(pool)))]
+        return VideoPlan(name, f"{name}_{i:05d}", split, actor, timeline, n_frames, _key(base, i),
+                         row={"segments": json.dumps(segs), **_attrs(actor)})
+
     for split, n in zip(("train", "val", "test"), cfg["tad"]):
-        for _ in range(n):
-            i = len(plans)
-            n_frames = int(rng.integers(lo // CLIP_LEN, hi // CLIP_LEN + 1)) * CLIP_LEN
-            timeline = _timeline(rng, n_frames, int(rng.integers(1, 5)), cfg["actions"], 24, 56)
-            segs = [[round(a / FPS, 4), round(b / FPS, 4), act] for act, a, b in timeline]
-            actor = pools[split][int(rng.integers(len(pools[split])))]
-            plans.append(VideoPlan(name, f"{name}_{i:05d}", split, actor, timeline, n_frames, _key(base, i),
-                                   row={"segments": json.dumps(segs), **_attrs(actor)}))
-    return plans
+        for j in range(n):
+            plans.append(one(rng, split, pools[split], len(plans), j))
+    return _evaluation_extra("tad", cfg, base, plans, one)
 
 
 def _plan_ad(name, cfg, rng, base):
     pools, plans = _actor_pools(rng, (40, 1, 20)), []
     lo, hi = cfg["ad_frames"]
+
+    def one(rng, split, pool, i, j):
+        n_frames = int(rng.integers(lo // CLIP_LEN, hi // CLIP_LEN + 1)) * CLIP_LEN
+        timeline = _timeline(rng, n_frames, int(rng.integers(2, 6)), cfg["normal"], 24, 64)
+        anomalous = j % 2 == 1
+        intervals = []
+        if anomalous:  # replace one or two normal segments by anomalies
+            for k in rng.choice(len(timeline), size=min(len(timeline), int(rng.integers(1, 3))), replace=False):
+                _, a, b = timeline[k]
+                timeline[k] = (ANOMALIES[int(rng.integers(len(ANOMALIES)))], a, b)
+                intervals.append([round(a / FPS, 4), round(b / FPS, 4)])
+        actor = pool[int(rng.integers(len(pool)))]
+        return VideoPlan(name, f"{name}_{i:05d}", split, actor, timeline, n_frames, _key(base, i),
+                         row={"anomaly": int(anomalous), "anomaly_intervals": json.dumps(sorted(intervals)),
+                              **_attrs(actor)})
+
     for split, n in zip(("train", "test"), cfg["ad"]):
         for j in range(n):
-            i = len(plans)
-            n_frames = int(rng.integers(lo // CLIP_LEN, hi // CLIP_LEN + 1)) * CLIP_LEN
-            timeline = _timeline(rng, n_frames, int(rng.integers(2, 6)), cfg["normal"], 24, 64)
-            anomalous = j % 2 == 1
-            intervals = []
-            if anomalous:  # replace one or two normal segments by anomalies
-                for k in rng.choice(len(timeline), size=min(len(timeline), int(rng.integers(1, 3))), replace=False):
-                    _, a, b = timeline[k]
-                    timeline[k] = (ANOMALIES[int(rng.integers(len(ANOMALIES)))], a, b)
-                    intervals.append([round(a / FPS, 4), round(b / FPS, 4)])
-            actor = pools[split][int(rng.integers(len(pools[split])))]
-            plans.append(VideoPlan(name, f"{name}_{i:05d}", split, actor, timeline, n_frames, _key(base, i),
-                                   row={"anomaly": int(anomalous), "anomaly_intervals": json.dumps(sorted(intervals)),
-                                       **_attrs(actor)}))
-    return plans
+            plans.append(one(rng, split, pools[split], len(plans), j))
+    return _evaluation_extra("ad", cfg, base, plans, one)
 
 
 def _plan_bias(name, cfg, rng, base):
