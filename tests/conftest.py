@@ -1,12 +1,23 @@
 """Shared fixtures: a tiny synthetic benchmark and tiny saved checkpoints of each encoder family."""
 import json
 import os
+import random
 
+import numpy as np
 import pytest
 import torch
 
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(autouse=True)
+def seeded_global_generators():
+    """numpy's, the stdlib's and torch's global generators start from seed 0 in every test: a test drawing from them
+    gets the same numbers whatever ran before it in its worker (tests/test_determinism.py checks it)."""
+    np.random.seed(0)
+    random.seed(0)
+    torch.manual_seed(0)
 
 
 @pytest.fixture(scope="session")
