@@ -749,13 +749,22 @@ def main(argv=None) -> int:
     try:
         if args.cmd not in CREATES_STORE:
             _require_store(_store_root(args))
-        return args.fn(args)
+        rc = args.fn(args)
     except Exception as e:
         known = _expected_error(e)
         if known is None:
-            raise  # a bug: keep the traceback
+            if settings().traceback:
+                raise
+            # a bug, still one line: what broke (inside Dagster's wrapping) and how to see the rest
+            cause = _innermost(e)
+            print(f"splavu: error: unexpected {type(cause).__name__}: {_one_line(cause)} (a bug in splavu; "
+                  f"SPLAVU_TRACEBACK=1 prints the traceback)", file=sys.stderr)
+            return 1
         print(f"splavu: error: {_one_line(known)}", file=sys.stderr)
         return 2
+    if "pipeline.runner" in sys.modules and (note := sys.modules["pipeline.runner"].instance_note()):
+        print(note, file=sys.stderr)  # where the runs went, once per instance folder the CLI chose itself
+    return rc
 
 
 CREATES_STORE = ("synth", "ingest", "demo", "fail-run")  # every other command reads an existing store (fail-run: none)
@@ -782,6 +791,15 @@ def _expected_error(e: BaseException) -> BaseException | None:
             return e
         e = getattr(e, "user_exception", None) or e.__cause__
     return None
+
+
+def _innermost(e: BaseException) -> BaseException:
+    """What was raised first under Dagster's wrapping (user_exception) and `raise ... from` chains."""
+    seen = {id(e)}
+    while (inner := getattr(e, "user_exception", None) or e.__cause__) is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        e = inner
+    return e
 
 
 def _one_line(e: BaseException) -> str:

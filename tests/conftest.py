@@ -2,6 +2,7 @@
 import json
 import os
 import random
+import tempfile
 
 import numpy as np
 import pytest
@@ -9,6 +10,9 @@ import torch
 
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# where the CLI records its runs when a test unsets $DAGSTER_HOME: a folder of this test process (each xdist worker its
+# own), not the checkout's .dagster_home (pipeline/runner.py instance_dir)
+os.environ["SPLAVU_DAGSTER_HOME"] = tempfile.mkdtemp(prefix=f"splavu-dagster-home-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
 
 
 @pytest.fixture(autouse=True)
