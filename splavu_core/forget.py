@@ -64,7 +64,7 @@ def _manifest_rows(store: FeatureStore) -> list[dict]:
     out = []
     for key in sorted(store.files.glob("manifests", ".parquet")):
         shard = key.rsplit("/", 1)[-1][:-len(".parquet")]
-        t = store.files.read_parquet(key)
+        t = store.read_shard_manifest(shard)  # with the private columns: subject_id is in labels/
         root = (t.schema.metadata or {}).get(b"dataset_root", b"").decode()
         cols = {c: t[c].to_pylist() if c in t.column_names else [None] * t.num_rows
                 for c in ("video_id", "subject_id", "split", "path")}

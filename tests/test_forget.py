@@ -56,7 +56,9 @@ def env(tiny_store, tmp_path_factory):
 
 
 def manifest_rows(store: FeatureStore) -> list[dict]:
-    return [r for k in store.files.glob("manifests", ".parquet") for r in store.files.read_parquet(k).to_pylist()]
+    """Every manifest row with its private columns (subject_id lives in labels/, joined by the library)."""
+    return [r for k in store.files.glob("manifests", ".parquet")
+            for r in store.read_shard_manifest(k.rsplit("/", 1)[-1][:-len(".parquet")]).to_pylist()]
 
 
 def vectors_of(store: FeatureStore, ids: set) -> list[np.ndarray]:
