@@ -223,6 +223,7 @@ def run_request(store: FeatureStore, request_id: str, log=print) -> dict:
                        [{k: r.get(k) for k in erasure.LOG_SCHEMA.names if k in r} for r in receipt] +
                        [{"layer": "request", "item": journal["scope"], "rows_removed": len(ids), "note": note}])
     store.files.delete(_journal_key(request_id))
+    build_catalog(store)  # again: the `erasures` view shows this receipt as soon as the request returns
     return summary
 
 
