@@ -207,7 +207,10 @@ def gate_lines(store, version: str) -> list[str]:
         if gate not in v:
             out.append(f"gate {label}: not run on {version}")
         else:
-            out.append(f"gate {label}: {'PASSED' if v[gate]['passed'] else 'FAILED'} on validation: {v[gate]['why']}")
+            state = "PASSED" if v[gate]["passed"] else ("UNDECIDABLE (not made current)"
+                                                       if ": undecidable" in v[gate]["why"] and ": FAILED" not in
+                                                       v[gate]["why"] else "FAILED")
+            out.append(f"gate {label}: {state} on validation: {v[gate]['why']}")
     return out
 
 

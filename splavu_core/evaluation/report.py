@@ -49,10 +49,26 @@ def fmt_change(rel: float | None) -> str:
     return f"{'↓' if rel < 0 else '↑'}{pct:.1f}%"
 
 
+NO_SIGNAL = "no signal"  # a leakage/linkage share whose raw features are not above chance: nothing to remove
+
+
+def _nan(v) -> bool:
+    return isinstance(v, float) and v != v
+
+
+def without_nan(obj):
+    """`obj` with every NaN float replaced by None (JSON null): the report's JSON never holds NaN, which is not JSON."""
+    if isinstance(obj, dict):
+        return {k: without_nan(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [without_nan(v) for v in obj]
+    return None if _nan(obj) else obj
+
+
 def fmt_cell(row: dict, key: str) -> str:
     if key in LEAKAGE_KEYS:
         v = row.get(key)
-        return "—" if v is None else f"{v * 100:.1f}%"
+        return "—" if v is None else (NO_SIGNAL if _nan(v) else f"{v * 100:.1f}%")
     v = row.get(key)
     if v is None:
         return "—"
@@ -84,7 +100,9 @@ def interval_cell(row: dict, key: str, raw: dict) -> str:
             return "—"
         st = (row.get("derived_intervals") or {}).get(key)
         if st is None:
-            return "—" if row.get(key) is None else f"{row[key] * 100:.1f}%"
+            return "—" if row.get(key) is None else (NO_SIGNAL if _nan(row[key]) else f"{row[key] * 100:.1f}%")
+        if any(_nan(st.get(k)) for k in ("value", "ci_low", "ci_high")):
+            return NO_SIGNAL  # raw at chance: a share of nothing is undefined, never `nan%`
         return f"{st['value'] * 100:.1f}% [{st['ci_low'] * 100:.1f}, {st['ci_high'] * 100:.1f}]"
     st = (row.get("intervals") or {}).get(key)
     if st is None:
@@ -333,9 +351,14 @@ def tradeoff_png(report: dict, title: str = "Privacy–utility trade-off") -> by
 
 # ---------------------------------------------------------------- files
 
+def report_json(report: dict) -> bytes:
+    """The report as JSON; NaN (a share of nothing: raw at chance) is written as null, never as `NaN`."""
+    return (json.dumps(without_nan(report), indent=1, allow_nan=False) + "\n").encode()
+
+
 def write_privacy_utility_report(store: FeatureStore, report: dict, stem: str = "privacy_utility") -> dict[str, Path]:
     """Write <root>/reports/<stem>.json, .md and .png; returns their paths (keys json, md, png)."""
-    return {"json": _write_atomic(store, f"{stem}.json", (json.dumps(report, indent=1) + "\n").encode()),
+    return {"json": _write_atomic(store, f"{stem}.json", report_json(report)),
             "md": _write_atomic(store, f"{stem}.md", report_markdown(report).encode()),
             "png": _write_atomic(store, f"{stem}.png", tradeoff_png(report))}
 
@@ -343,7 +366,7 @@ def write_privacy_utility_report(store: FeatureStore, report: dict, stem: str = 
 def write_ablation_report(store: FeatureStore, report: dict, groups: Mapping[str, Sequence[str]],
                           stem: str = "ablations") -> dict[str, Path]:
     """Write <root>/reports/<stem>.json, .md (grouped tables) and .png."""
-    return {"json": _write_atomic(store, f"{stem}.json", (json.dumps(report, indent=1) + "\n").encode()),
+    return {"json": _write_atomic(store, f"{stem}.json", report_json(report)),
             "md": _write_atomic(store, f"{stem}.md", ablation_markdown(report, groups).encode()),
             "png": _write_atomic(store, f"{stem}.png", tradeoff_png(report, title="Ablations: privacy–utility"))}
 
