@@ -143,7 +143,7 @@ def cmd_train(args) -> int:
     try:
         cfg = json.loads(args.config) if args.config else {}
     except json.JSONDecodeError as e:
-        raise StoreError(f"--config is not JSON ({e}): e.g. '{{\"epochs\": 30}}'") from e
+        raise StoreError(f"--config is not JSON ({e}): e.g. '{{\"keep\": 11}}'") from e
     if args.tasks is not None:
         cfg["tasks"] = list(parse_roles(args.tasks))
     try:
@@ -656,7 +656,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_extract)
 
     p = add("train", help="train an AAM from the store's cached latents (Dagster run)")
-    p.add_argument("--config", help="JSON of AAMTrainingConfig fields, e.g. '{\"epochs\": 30, \"w_lc\": 10}'")
+    p.add_argument("--config", help="JSON of AAMTrainingConfig fields, e.g. '{\"keep\": 11}' (the default closed-form "
+                                    "keep fit reads keep, recentre and the dataset fields; epochs, w_lc and the other "
+                                    "loop fields only with a trained adapter: docs/configuration.md)")
     p.add_argument("--tasks", help="utility tasks to co-train, e.g. ar,tad (default: every task with labelled data)")
     p.set_defaults(fn=cmd_train)
 

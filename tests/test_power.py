@@ -50,3 +50,17 @@ def test_no_nan_in_the_report_json_and_no_signal_in_its_cells():
     assert "NaN" not in text and json.loads(text)["rows"][0]["linkage_removed"] is None
     assert report.interval_cell(rep["rows"][0], "linkage_removed", {}) == "no signal"
     assert report.fmt_cell(rep["rows"][0], "linkage_removed") == "no signal"
+
+
+def test_the_report_markdown_shows_retention_and_the_gate_verdicts():
+    row = {"name": "splavu", "derived_intervals": {"ar_retention": {"value": 0.93, "ci_low": 0.85, "ci_high": 1.01},
+                                                   "tad_retention": {"value": float("nan"), "ci_low": float("nan"),
+                                                                     "ci_high": float("nan")}}}
+    lines = report.retention_markdown([{"name": "raw"}, row])
+    assert "| Features | AR | TAD |" in lines and "| splavu | 0.93 [0.85, 1.01] | no signal |" in lines
+    verdicts = {"privacy": {"passed": False, "why": "closeups: ... holds the budget 0.5: undecidable; ..."},
+                "utility": {"passed": True, "why": "ar: keeps 0.93"}}
+    gates = report.gates_markdown(verdicts, "abc")
+    assert "- Privacy budget: **not passed**: closeups: ... holds the budget 0.5: undecidable; ..." in gates
+    assert "- Utility: **passed**: ar: keeps 0.93" in gates
+    assert "Not gated yet" in "\n".join(report.gates_markdown({}, "abc"))

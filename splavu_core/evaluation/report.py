@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..costs import DEMO_STAGES
+from ..ledger import read_verdicts
 from ..store import FeatureStore
 from .suite import REPORT_METRICS, UTILITY_KEYS, mean_utility_retention
 
@@ -280,10 +281,48 @@ def demo_markdown(demo: Mapping | None) -> list[str]:
     return lines + ([""] if len(lines) > 5 else [])
 
 
-def report_markdown(report: dict, title: str = "Privacy–utility trade-off") -> str:
+RETENTION_KEYS = (("ar_retention", "AR"), ("tad_retention", "TAD"), ("ad_retention", "AD"))
+
+
+def retention_markdown(rows: Sequence[dict]) -> list[str]:
+    """Utility retention, (anonymized − chance) / (raw − chance) with its 95% interval, per non-raw row and task."""
+    have = [(k, h) for k, h in RETENTION_KEYS if any((r.get("derived_intervals") or {}).get(k) for r in rows)]
+    if not have:
+        return []
+    out = ["### Utility retention (share of raw's above-chance utility kept)", "",
+           "| Features | " + " | ".join(h for _, h in have) + " |", "|---|" + "---:|" * len(have)]
+    for r in rows:
+        if r["name"] == "raw":
+            continue
+        cells = []
+        for k, _ in have:
+            st = (r.get("derived_intervals") or {}).get(k)
+            bad = st is None or any(_nan(st.get(x)) for x in ("value", "ci_low", "ci_high"))
+            cells.append(("—" if st is None else NO_SIGNAL) if bad else
+                         f"{st['value']:.2f} [{st['ci_low']:.2f}, {st['ci_high']:.2f}]")
+        out.append(f"| {r['name']} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def gates_markdown(verdicts: Mapping | None, version: str | None) -> list[str]:
+    """The promotion gates' recorded verdicts on the report's version (validation splits; the ledger's words)."""
+    if not version:
+        return []
+    out = [f"### Promotion gates on AAM `{version}` (validation splits)", ""]
+    if not verdicts:
+        return out + ["Not gated yet (`splavu publish` measures both gates).", ""]
+    for gate, label in (("privacy", "Privacy budget"), ("utility", "Utility")):
+        v = verdicts.get(gate)
+        out.append(f"- {label}: " + ("not run" if v is None else
+                                     f"**{'passed' if v['passed'] else 'not passed'}**: {v['why']}"))
+    return out + [""]
+
+
+def report_markdown(report: dict, title: str = "Privacy–utility trade-off", verdicts: Mapping | None = None) -> str:
     cost = costs_markdown(report["costs"]) if report.get("costs") else []
-    return "\n".join([f"## {title}", "", table_markdown(report["rows"]), ""] + attackers_markdown(report["rows"])
-                     + cost + _footer(report)) + "\n"
+    gates = gates_markdown(verdicts, report.get("aam_version")) if verdicts is not None else []
+    return "\n".join([f"## {title}", "", table_markdown(report["rows"]), ""] + retention_markdown(report["rows"])
+                     + gates + attackers_markdown(report["rows"]) + cost + _footer(report)) + "\n"
 
 
 def ablation_markdown(report: dict, groups: Mapping[str, Sequence[str]]) -> str:
@@ -359,7 +398,9 @@ def report_json(report: dict) -> bytes:
 def write_privacy_utility_report(store: FeatureStore, report: dict, stem: str = "privacy_utility") -> dict[str, Path]:
     """Write <root>/reports/<stem>.json, .md and .png; returns their paths (keys json, md, png)."""
     return {"json": _write_atomic(store, f"{stem}.json", report_json(report)),
-            "md": _write_atomic(store, f"{stem}.md", report_markdown(report).encode()),
+            "md": _write_atomic(store, f"{stem}.md", report_markdown(
+                report, verdicts=read_verdicts(store, report["aam_version"]) if report.get("aam_version") else {}
+            ).encode()),
             "png": _write_atomic(store, f"{stem}.png", tradeoff_png(report))}
 
 
