@@ -143,7 +143,7 @@ def cmd_train(args) -> int:
     try:
         cfg = json.loads(args.config) if args.config else {}
     except json.JSONDecodeError as e:
-        raise StoreError(f"--config is not JSON ({e}): e.g. '{{\"epochs\": 30}}'") from e
+        raise StoreError(f"--config is not JSON ({e}): e.g. '{{\"keep\": 11}}'") from e
     if args.tasks is not None:
         cfg["tasks"] = list(parse_roles(args.tasks))
     try:
@@ -207,7 +207,10 @@ def gate_lines(store, version: str) -> list[str]:
         if gate not in v:
             out.append(f"gate {label}: not run on {version}")
         else:
-            out.append(f"gate {label}: {'PASSED' if v[gate]['passed'] else 'FAILED'} on validation: {v[gate]['why']}")
+            state = "PASSED" if v[gate]["passed"] else ("UNDECIDABLE (not made current)"
+                                                       if ": undecidable" in v[gate]["why"] and ": FAILED" not in
+                                                       v[gate]["why"] else "FAILED")
+            out.append(f"gate {label}: {state} on validation: {v[gate]['why']}")
     return out
 
 
@@ -653,7 +656,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_extract)
 
     p = add("train", help="train an AAM from the store's cached latents (Dagster run)")
-    p.add_argument("--config", help="JSON of AAMTrainingConfig fields, e.g. '{\"epochs\": 30, \"w_lc\": 10}'")
+    p.add_argument("--config", help="JSON of AAMTrainingConfig fields, e.g. '{\"keep\": 11}' (the default closed-form "
+                                    "keep fit reads keep, recentre and the dataset fields; epochs, w_lc and the other "
+                                    "loop fields only with a trained adapter: docs/configuration.md)")
     p.add_argument("--tasks", help="utility tasks to co-train, e.g. ar,tad (default: every task with labelled data)")
     p.set_defaults(fn=cmd_train)
 
@@ -749,13 +754,22 @@ def main(argv=None) -> int:
     try:
         if args.cmd not in CREATES_STORE:
             _require_store(_store_root(args))
-        return args.fn(args)
+        rc = args.fn(args)
     except Exception as e:
         known = _expected_error(e)
         if known is None:
-            raise  # a bug: keep the traceback
+            if settings().traceback:
+                raise
+            # a bug, still one line: what broke (inside Dagster's wrapping) and how to see the rest
+            cause = _innermost(e)
+            print(f"splavu: error: unexpected {type(cause).__name__}: {_one_line(cause)} (a bug in splavu; "
+                  f"SPLAVU_TRACEBACK=1 prints the traceback)", file=sys.stderr)
+            return 1
         print(f"splavu: error: {_one_line(known)}", file=sys.stderr)
         return 2
+    if "pipeline.runner" in sys.modules and (note := sys.modules["pipeline.runner"].instance_note()):
+        print(note, file=sys.stderr)  # where the runs went, once per instance folder the CLI chose itself
+    return rc
 
 
 CREATES_STORE = ("synth", "ingest", "demo", "fail-run")  # every other command reads an existing store (fail-run: none)
@@ -782,6 +796,15 @@ def _expected_error(e: BaseException) -> BaseException | None:
             return e
         e = getattr(e, "user_exception", None) or e.__cause__
     return None
+
+
+def _innermost(e: BaseException) -> BaseException:
+    """What was raised first under Dagster's wrapping (user_exception) and `raise ... from` chains."""
+    seen = {id(e)}
+    while (inner := getattr(e, "user_exception", None) or e.__cause__) is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        e = inner
+    return e
 
 
 def _one_line(e: BaseException) -> str:

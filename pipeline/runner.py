@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import time
+from pathlib import Path
 
 import dagster as dg
 
@@ -27,23 +29,64 @@ from assets.resources import EncoderResource, StoreResource
 from splavu_core.pixel import BASELINES  # noqa: F401  (the CLI)
 from splavu_core.datasets import register_dataset
 from splavu_core.publish import PublishError
+from splavu_core.settings import settings
 from splavu_core.store import FeatureStore
+
+PROJECT = Path(__file__).resolve().parents[1]  # the checkout (editable install) holding dagster.yaml and the Makefile
+ANNOUNCED = ".splavu_announced"  # in an instance folder the CLI chose itself: its location was printed once
+_CHOSEN: set[str] = set()  # the instance folders this process chose itself ($DAGSTER_HOME unset)
 
 
 def instance() -> dg.DagsterInstance:
+    """The Dagster instance every command records its runs in: $DAGSTER_HOME when set, else one folder the CLI
+    chooses (instance_dir()), the same for every command and process, so `extract` in a new shell knows the shards
+    `ingest` added and `dagster dev` pointed at that folder shows the CLI's runs."""
     if os.environ.get("DAGSTER_HOME"):
         os.makedirs(os.environ["DAGSTER_HOME"], exist_ok=True)
         return dg.DagsterInstance.get()
-    return _process_instance()
+    home = str(instance_dir())
+    _CHOSEN.add(home)
+    return _instance_at(home)
 
 
 default_instance = instance  # for the functions below whose `instance` parameter hides it
 
+
+def instance_dir() -> Path:
+    """The instance folder when $DAGSTER_HOME is unset: $SPLAVU_DAGSTER_HOME, else the project checkout's
+    .dagster_home (the one the Makefile exports), else $XDG_STATE_HOME/splavu/dagster_home."""
+    if settings().dagster_home:
+        return Path(settings().dagster_home).expanduser().resolve()
+    if (PROJECT / "pyproject.toml").is_file() and (PROJECT / "dagster.yaml").is_file():
+        return PROJECT / ".dagster_home"
+    state = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(state) / "splavu" / "dagster_home"
+
+
 @functools.cache
-def _process_instance() -> dg.DagsterInstance:
-    """Without $DAGSTER_HOME: one ephemeral instance for the whole command, so the shard partitions that
-    `ingest` adds are there when `extract` runs (a second ephemeral instance would not know them)."""
-    return dg.DagsterInstance.ephemeral()
+def _instance_at(home: str) -> dg.DagsterInstance:
+    """One instance per folder for the whole process; the folder gets the project's dagster.yaml (the encoder pool,
+    run monitoring) the first time, as `make setup` does for .dagster_home."""
+    path = Path(home)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = path / "dagster.yaml"
+    if not cfg.exists() and (PROJECT / "dagster.yaml").is_file():
+        part = path / f".dagster.yaml.{os.getpid()}.part"
+        shutil.copyfile(PROJECT / "dagster.yaml", part)
+        os.replace(part, cfg)
+    return dg.DagsterInstance.from_config(home)
+
+
+def instance_note() -> str | None:
+    """Once per instance folder the CLI chose itself (none while $DAGSTER_HOME is set): where the runs are and how the
+    Dagster UI shows them. None when this process opened no such instance, or the folder was announced before."""
+    for home in map(Path, sorted(_CHOSEN)):
+        marker = home / ANNOUNCED
+        if not marker.exists():
+            marker.write_text("announced\n")
+            return (f"note: Dagster runs are recorded in {home} ($DAGSTER_HOME is unset; every `splavu` command uses "
+                    f"this folder). The UI shows them: DAGSTER_HOME={home} dagster dev")
+    return None
 
 
 def ingest(inst: dg.DagsterInstance, store: StoreResource, name: str, manifest: str, shard_size: int,
@@ -95,6 +138,9 @@ def metadata(res: dg.ExecuteInProcessResult, node: str) -> dict:
 
 def materialize_shard(inst, shard: str, store: StoreResource, encoder: EncoderResource,
                       selection=("video_manifest", "clip_latents", "static_latents")) -> dg.ExecuteInProcessResult:
+    # the store's registration is the truth: an instance that never saw this shard's `ingest` (another
+    # $DAGSTER_HOME, a wiped one) learns the partition here instead of failing with DagsterUnknownPartitionError
+    _add_shards(inst, [shard])
     return run_job(inst, "extract_latents", store, assets=selection, partition_key=shard, resources={"encoder": encoder})
 
 

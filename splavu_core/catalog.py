@@ -1,7 +1,7 @@
 """The analysts' DuckDB catalog: <root>/catalog.duckdb, views over the store's Parquet tables.
 
-    videos                    manifests/*.parquet (+ dataset, shard); these files hold no attr_* column: private
-                              labels live in labels/<shard>.parquet, which no view reads (store.py)
+    videos                    manifests/*.parquet (+ dataset, shard); these files hold no attr_*, subject_id or group
+                              column: private labels live in labels/<shard>.parquet, which no view reads (store.py)
     clips                     latents/*/clips.parquet: the clip INDEX of raw shards (+ dataset, shard)
     quarantine                latents/*/quarantine.parquet (+ dataset)
     anonymized_features       anonymized/<current>/*.parquet, feature as FLOAT[D] (+ dataset, shard)
@@ -53,7 +53,7 @@ import pyarrow as pa
 from .publish import (VERSIONS_KEY, VERSIONS_SCHEMA, anonymized_key, anonymized_schema, approved_versions,
                       current_version, published_shards, read_versions, refused_versions)
 from .erasure import LOG_DIR, LOG_SCHEMA
-from .store import CLIP_INDEX_SCHEMA, QUARANTINE_SCHEMA, FeatureStore, StoreError
+from .store import CLIP_INDEX_SCHEMA, PRIVATE_COLUMNS, PRIVATE_PREFIX, QUARANTINE_SCHEMA, FeatureStore, StoreError
 from .settings import settings
 
 CATALOG_FILE = "catalog.duckdb"
@@ -61,7 +61,7 @@ STALE_TEMP_S = 3600  # temp catalogs older than this were left by a crashed buil
 
 VIDEOS_SCHEMA = pa.schema([("video_id", pa.string()), ("path", pa.string()), ("split", pa.string()),
                            ("action", pa.string()), ("segments", pa.string()), ("anomaly", pa.int64()),
-                           ("anomaly_intervals", pa.string()), ("subject_id", pa.string()), ("group", pa.string())])
+                           ("anomaly_intervals", pa.string())])  # no private column (store.is_private_column)
 METRICS_SCHEMA = pa.schema([("feature_set", pa.string()), ("aam_version", pa.string()), ("task", pa.string()),
                             ("metric", pa.string()), ("value", pa.float64()), ("split", pa.string()),
                             ("created_at", pa.timestamp("us", tz="UTC")),
@@ -170,7 +170,7 @@ def _classify(rel: Path) -> tuple[str, str | None, str | None]:
         return "aam", None, parts[1]
     if top == "manifests":
         return "manifests", Path(parts[1]).stem, None
-    if top == "labels":  # private attr_* ground truth: listed here by path and size, never readable through a view
+    if top == "labels":  # private attr_* / subject_id / group: listed here by path and size, never readable through a view
         return "private_labels", Path(parts[1]).stem, None
     if top == "neighbors" and len(parts) > 2:  # splavu_core.neighbors: a version's anonymized features, normalised
         return "neighbor_index", None, parts[1]
@@ -246,11 +246,12 @@ def _shard_files(store: FeatureStore, name: str) -> str | list[str]:
 def _create_views(con, store: FeatureStore, version: str | None, dim: int | None) -> dict:
     files = {}
     s = SHARD_FROM_FILE
-    # attr_* are private-attribute ground truth (evaluation only): never in an analyst's view
+    # attr_*, subject_id and group are private (evaluation only, store.is_private_column): never in an analyst's view
     files["videos"] = _parquet_view(
         con, "videos", store, "manifests/*.parquet",
         f"SELECT {_dataset_sql(s)} AS dataset, {s} AS shard, "
-        f"COLUMNS(lambda c: c <> 'filename' AND NOT starts_with(c, 'attr_')) FROM {{src}}",
+        f"COLUMNS(lambda c: c <> 'filename' AND NOT starts_with(c, '{PRIVATE_PREFIX}') AND "
+        f"c NOT IN ({', '.join(repr(c) for c in PRIVATE_COLUMNS)})) FROM {{src}}",
         _empty_select(VIDEOS_SCHEMA, ("dataset", "shard")))
     s = SHARD_FROM_DIR
     files["clips"] = _parquet_view(

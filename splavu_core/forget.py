@@ -64,7 +64,7 @@ def _manifest_rows(store: FeatureStore) -> list[dict]:
     out = []
     for key in sorted(store.files.glob("manifests", ".parquet")):
         shard = key.rsplit("/", 1)[-1][:-len(".parquet")]
-        t = store.files.read_parquet(key)
+        t = store.read_shard_manifest(shard)  # with the private columns: subject_id is in labels/
         root = (t.schema.metadata or {}).get(b"dataset_root", b"").decode()
         cols = {c: t[c].to_pylist() if c in t.column_names else [None] * t.num_rows
                 for c in ("video_id", "subject_id", "split", "path")}
@@ -223,6 +223,7 @@ def run_request(store: FeatureStore, request_id: str, log=print) -> dict:
                        [{k: r.get(k) for k in erasure.LOG_SCHEMA.names if k in r} for r in receipt] +
                        [{"layer": "request", "item": journal["scope"], "rows_removed": len(ids), "note": note}])
     store.files.delete(_journal_key(request_id))
+    build_catalog(store)  # again: the `erasures` view shows this receipt as soon as the request returns
     return summary
 
 

@@ -117,7 +117,7 @@ def measure_gates(store: FeatureStore, version: str, base_seed: int = 0, n_seeds
     seeds = list(range(base_seed, base_seed + n_seeds))
     shard_state = {t: shard_hashes(store, raw_shards(store, ds[t])) for t in which}
     key = _key({"version": version, "shards": shard_state, "seeds": seeds, "probe": probe_kwargs or {},
-                "datasets": {t: ds[t] for t in which}, "fingerprint": store.encoder_fingerprint(), "protocol": 4})
+                "datasets": {t: ds[t] for t in which}, "fingerprint": store.encoder_fingerprint(), "protocol": 5})
     cache = f"reports/gates/{version}.json"
     if use_cache and store.files.isfile(cache):
         hit = store.files.read_json(cache)
@@ -159,7 +159,8 @@ def measure_gates(store: FeatureStore, version: str, base_seed: int = 0, n_seeds
                          "strongest_anonymized": sc["splavu"].details.get("strongest"),
                          "leakage_removed": lr["value"] if signal and lr else None,
                          "leakage_removed_ci_low": lr["ci_low"] if signal and lr else None,
-                         "leakage_removed_ci_high": lr["ci_high"] if signal and lr else None}
+                         "leakage_removed_ci_high": lr["ci_high"] if signal and lr else None,
+                         **validation_counts(raw[ds[task]], sc["raw"].test_ids)}
     utility = utility_measures(res, seen, ds)
     scored = {task: by_set["raw"].test_ids for task, by_set in res.scored.items() if "raw" in by_set}
     measure = {"version": version, "split": "val", "seeds": seeds, "privacy": privacy, "utility": utility,
@@ -192,6 +193,15 @@ def utility_measures(res, seen, datasets: dict, name: str = "splavu") -> dict:
                          "reader": res.scored[task]["raw"].details.get("strongest"),
                          "anon_at_chance": not a["ci_low"] > r["chance"]}
     return utility
+
+
+def validation_counts(videos, scored_ids) -> dict:
+    """{n_videos, n_subjects} of the validation videos a privacy part scored (n_subjects None without subject_id):
+    what the gate's verdict says when the interval is too wide to decide (ledger.power_advice)."""
+    ids = set(scored_ids or ())
+    subjects = [v.meta.get("subject_id") for v in videos if v.video_id in ids]
+    known = {str(x) for x in subjects if x is not None}
+    return {"n_videos": len(ids), "n_subjects": len(known) if known else None}
 
 
 def scored_in_process(store: FeatureStore, version: str, seeds, probe_kwargs: dict, datasets: dict) -> dict | None:

@@ -16,6 +16,7 @@ rules themselves (budget_verdict, utility_verdict) are pure functions on measure
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime, timezone
 
 import pyarrow as pa
@@ -330,24 +331,65 @@ def budget_verdict(measure: dict, threshold: float) -> tuple[bool, str]:
 
 
 def _verdict_one(measure: dict, threshold: float) -> tuple[bool, str]:
+    """(passed, why) of one privacy part; every reason ends with its state: passed, FAILED or undecidable (and says
+    "no signal" when raw is not above chance). An undecidable part (its interval holds the budget) is not passed: the
+    gate cannot vouch for the version, so it is not made current (docs/evaluation.md, "Power before verdicts"); the
+    reason says what would decide it. The budget is never lowered to let a version through."""
     lr = measure["leakage_removed"]
     what = "linkage removed" if measure.get("metric") == "rank1" else "leakage removed"
     by = f" (strongest attacker: {measure['strongest_anonymized']})" if measure.get("strongest_anonymized") else ""
     if threshold <= 0 and measure.get("leakage_removed_ci_low") is not None:  # no removal required: the gate is off
-        return True, f"privacy budget off (budget {threshold:g}; leakage removed {lr:.3f})"
+        return True, f"privacy budget off (budget {threshold:g}; leakage removed {lr:.3f}): passed"
     if lr is None:  # raw features do not leak above chance: pass only if the anonymized ones do not either
         ci = measure.get("anonymized_cmap_ci")
         low = ci[0] if ci else measure["anonymized_cmap"]
         ok = low <= measure["chance_cmap"]
         name = "rank-1" if measure.get("metric") == "rank1" else "cMAP"
-        return ok, (f"raw features are at chance; anonymized {name} {measure['anonymized_cmap']:.4f} "
-                    f"({'lower end ' if ci else ''}{low:.4f} {'<=' if ok else '>'} chance {measure['chance_cmap']:.4f})")
+        raw_ci = measure.get("raw_cmap_ci")
+        raw = f"{measure['raw_cmap']:.4f}" + (f" [{raw_ci[0]:.4f}, {raw_ci[1]:.4f}]" if raw_ci else "")
+        return ok, (f"no signal: raw {name} {raw} is not above chance {measure['chance_cmap']:.4f} beyond its "
+                    f"interval{_on(measure)}, so there is nothing measurable to remove; anonymized {name} "
+                    f"{measure['anonymized_cmap']:.4f} ({'lower end ' if ci else ''}{low:.4f} {'<=' if ok else '>'} "
+                    f"chance): {'passed' if ok else 'FAILED'}" + ("" if measure.get("n_videos") is None else
+                                                                 "; more validation videos would show whether "
+                                                                 "there is leakage to remove"))
     low = measure.get("leakage_removed_ci_low")
     if low is None:
         ok = lr >= threshold
-        return ok, f"{what} {lr:.3f}{by} {'>=' if ok else '<'} budget {threshold:g}"
-    ok = low >= threshold
-    return ok, (f"{what} {lr:.3f} (95% CI low {low:.3f}){by} {'>=' if ok else '<'} budget {threshold:g}")
+        return ok, f"{what} {lr:.3f}{by} {'>=' if ok else '<'} budget {threshold:g}: {'passed' if ok else 'FAILED'}"
+    high = measure.get("leakage_removed_ci_high")
+    if low >= threshold:
+        return True, f"{what} {lr:.3f} (95% CI low {low:.3f}){by} >= budget {threshold:g}: passed"
+    if high is not None and high >= threshold:
+        return False, (f"{what} {lr:.3f} [{low:.3f}, {high:.3f}]{by}{_on(measure)} holds the budget {threshold:g}: "
+                       f"undecidable; {power_advice(measure, threshold)}")
+    return False, (f"{what} {lr:.3f} (95% CI low {low:.3f}){by} < budget {threshold:g}: FAILED; a narrower keep width "
+                   f"removes more (`splavu curve` scores them, then `splavu train --config '{{\"keep\": K}}'`)")
+
+
+def _on(measure: dict) -> str:
+    n, people = measure.get("n_videos"), measure.get("n_subjects")
+    if not n:
+        return ""
+    return f" on {n} validation videos" + (f" of {people} people" if people else "")
+
+
+def power_advice(measure: dict, threshold: float) -> str:
+    """What would decide an interval that holds the budget. The interval's half-width shrinks about as
+    1/sqrt(validation videos); when the point estimate clears the budget, the videos (and people, at this store's
+    videos per person) that would bring the lower end up to it; otherwise more data would most likely confirm a
+    fail, and a narrower width is the step."""
+    lr, low, n = measure["leakage_removed"], measure["leakage_removed_ci_low"], measure.get("n_videos")
+    if lr <= threshold or not n:
+        return (f"its estimate {lr:.3f} is {'below' if lr <= threshold else 'above'} the budget; a narrower keep width "
+                f"removes more (`splavu curve`, then `splavu train --config '{{\"keep\": K}}'`), and more validation "
+                f"videos narrow the interval")
+    needed = math.ceil(n * ((lr - low) / (lr - threshold)) ** 2)
+    more = max(1, needed - n)
+    people = measure.get("n_subjects")
+    who = f" of about {max(1, math.ceil(more * people / n))} more people" if people else ""
+    return (f"about {more} more validation videos{who} would decide it (the interval narrows as 1/sqrt(videos)); "
+            f"or a narrower keep width (`splavu curve`) removes more")
 
 
 def retention_kept(retention: float, ci_high: float, fraction: float) -> bool:

@@ -362,8 +362,10 @@ def explain_no_current(store: FeatureStore) -> str:
     meanwhile = (f"a refused version's table is not for analysts" if newest in refused_versions(store)
                  else f"meanwhile search a version explicitly: --version {newest}")
     return (f"no AAM version is current, so the current anonymized table is empty. Versions: {'; '.join(status)}. "
-            f"It fills when a version is published to every shard and passes the privacy budget (train a stronger "
-            f"AAM, or set $SPLAVU_PRIVACY_BUDGET, then `splavu publish`); {meanwhile}")
+            f"It fills when a version is published to every shard and passes both gates: `splavu publish` prints "
+            f"what each gate is missing (an undecidable part: more validation videos; a failed one: a narrower keep "
+            f"width, `splavu curve` then `splavu train --config '{{\"keep\": K}}'`; overriding a gate is recorded: "
+            f"`splavu promote VERSION --force --reason TEXT`); {meanwhile}")
 
 
 def explain_missing_video(store: FeatureStore, video_id: str, dataset: str | None, version: str) -> str:

@@ -77,6 +77,13 @@ def _engine(name: str, raw: str) -> str:
     return engine
 
 
+def _flag(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value not in ("0", "1", "true", "false", "yes", "no"):
+        raise SettingsError(f"${name}={raw!r}: expected 0 or 1")
+    return value in ("1", "true", "yes")
+
+
 def _upper(name: str, raw: str) -> str:
     return raw.upper()
 
@@ -135,10 +142,20 @@ class Settings:
         "SPLAVU_DASK_SCHEDULER", "",
         "dask executor: address of an existing dask.distributed scheduler (empty: a LocalCluster per run).",
         "address, e.g. tcp://scheduler:8786", _stripped)
+    dagster_home: str | None = _setting(
+        "SPLAVU_DAGSTER_HOME", None,
+        "Dagster instance folder of the runs the `splavu` CLI launches when $DAGSTER_HOME is unset (which wins when "
+        "set). Unset: `.dagster_home` in the project checkout the CLI runs from (the Makefile's, so `make`, the CLI "
+        "and `dagster dev` with DAGSTER_HOME=$PWD/.dagster_home share it), else $XDG_STATE_HOME/splavu/dagster_home "
+        "(~/.local/state/...).", "path")
     log_level: str | None = _setting(
         "SPLAVU_LOG_LEVEL", None,
         "Log level of Dagster's console logger in runs the CLI launches (unset: the command's own, WARNING).",
         "level name", _upper)
+    traceback: bool = _setting(
+        "SPLAVU_TRACEBACK", False,
+        "`splavu` prints an unexpected error (a bug) as one `splavu: error:` line; set to 1 to get the traceback "
+        "instead.", "0 or 1", _flag)
     # ---- search
     ann_min_rows: int = _setting(
         "SPLAVU_ANN_MIN_ROWS", 10_000_000,

@@ -6,7 +6,8 @@ how each operation maps onto either. The layout is the same on both, except insi
     <root>/store.json                        encoder fingerprint + provenance (one encoder per store)
     <root>/datasets/<name>.json              registered dataset: manifest path, shard size
     <root>/manifests/<shard>.parquet         the validated manifest rows of one shard, WITHOUT private labels
-    <root>/labels/<shard>.parquet            video_id + attr_* of one shard: private ground truth, read by the
+                                             (attr_*, subject_id, group)
+    <root>/labels/<shard>.parquet            video_id + attr_*, subject_id, group of one shard: private, read by the
                                              evaluation through read_shard_manifest, never by the analysts' catalog
     <root>/latents/<shard>/                  RAW, sensitive
         _COMMIT.json   marker: provenance, manifest hash, counts (+ "data" on object stores)
@@ -89,6 +90,14 @@ def write_parquet_atomic(table: pa.Table, path: Path) -> None:
 
 
 PRIVATE_PREFIX = "attr_"  # private-attribute ground truth: evaluation only, never in an analyst-readable file
+# who is who, and the perceived-gender group: a subject_id links a person's videos without any attacker, so both are
+# private like attr_* (labels/), read by evaluation (re-id, gait, bias, the validation carve) and `forget --subject`
+PRIVATE_COLUMNS = ("subject_id", "group")
+
+
+def is_private_column(name: str) -> bool:
+    """A manifest column no analyst may read: attr_* and PRIVATE_COLUMNS."""
+    return name.startswith(PRIVATE_PREFIX) or name in PRIVATE_COLUMNS
 
 
 def labels_key(shard: str) -> str:
@@ -96,8 +105,9 @@ def labels_key(shard: str) -> str:
 
 
 def split_private_labels(table: pa.Table) -> tuple[pa.Table, pa.Table | None]:
-    """(the table without attr_* columns, video_id + the attr_* columns or None when there are none)."""
-    private = [n for n in table.column_names if n.startswith(PRIVATE_PREFIX)]
+    """(the table without its private columns (attr_*, subject_id, group), video_id + those columns or None when
+    there are none)."""
+    private = [n for n in table.column_names if is_private_column(n)]
     if not private:
         return table, None
     public = table.drop_columns(private)
@@ -153,7 +163,8 @@ class FeatureStore:
         return self.loc("manifests", f"{shard}.parquet")
 
     def read_shard_manifest(self, shard: str) -> pa.Table:
-        """The shard's manifest rows WITH their private attr_* labels (joined from labels/<shard>.parquet)."""
+        """The shard's manifest rows WITH their private columns (attr_*, subject_id, group; joined from
+        labels/<shard>.parquet)."""
         key = join("manifests", f"{shard}.parquet")
         if not self.files.isfile(key):
             raise StoreError(f"shard {shard!r} has no manifest at {self.loc(key)}: materialise video_manifest first")
@@ -167,6 +178,8 @@ class FeatureStore:
             raise StoreError(f"{self.loc(lkey)} lacks rows of {at.null_count} video(s) of {self.loc(key)}: re-materialise "
                              f"video_manifest for shard {shard!r}")
         for name in labels.column_names[1:]:
+            if name in table.column_names:  # a manifest not yet split again after a crash: its own column stands
+                continue
             table = table.append_column(labels.schema.field(name), labels[name].take(at))
         return table
 
@@ -182,12 +195,13 @@ class FeatureStore:
         self.files.write_parquet(join("manifests", f"{shard}.parquet"), public)
 
     def migrate_private_labels(self) -> list[str]:
-        """Split the attr_* columns out of manifests written before labels/ existed; returns the shards rewritten."""
+        """Split the private columns out of manifests written before labels/ existed (or before subject_id and group
+        were private); returns the shards rewritten. Labels already split off are kept and joined first."""
         done = []
         for key in self.files.match("manifests/*.parquet"):
-            if any(n.startswith(PRIVATE_PREFIX) for n in self.files.parquet_schema(key).names):
+            if any(is_private_column(n) for n in self.files.parquet_schema(key).names):
                 shard = key.rsplit("/", 1)[-1][:-len(".parquet")]
-                self.write_shard_manifest_table(shard, self.files.read_parquet(key))
+                self.write_shard_manifest_table(shard, self.read_shard_manifest(shard))
                 done.append(shard)
         return done
 

@@ -1,12 +1,27 @@
 """Shared fixtures: a tiny synthetic benchmark and tiny saved checkpoints of each encoder family."""
 import json
 import os
+import random
+import tempfile
 
+import numpy as np
 import pytest
 import torch
 
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# where the CLI records its runs when a test unsets $DAGSTER_HOME: a folder of this test process (each xdist worker its
+# own), not the checkout's .dagster_home (pipeline/runner.py instance_dir)
+os.environ["SPLAVU_DAGSTER_HOME"] = tempfile.mkdtemp(prefix=f"splavu-dagster-home-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
+
+
+@pytest.fixture(autouse=True)
+def seeded_global_generators():
+    """numpy's, the stdlib's and torch's global generators start from seed 0 in every test: a test drawing from them
+    gets the same numbers whatever ran before it in its worker (tests/test_determinism.py checks it)."""
+    np.random.seed(0)
+    random.seed(0)
+    torch.manual_seed(0)
 
 
 @pytest.fixture(scope="session")

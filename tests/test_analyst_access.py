@@ -123,8 +123,9 @@ def test_missing_catalog_fix_names_the_store(tmp_path, capsys):
 
 def test_no_private_label_through_sql_from_any_parquet_file(catalog, capsys):
     """Every Parquet file of the store (and the globs over them), read through `splavu sql`: refused, or without a
-    single attr_* column. The fixture's manifests were written with attr_skin (as before labels/ existed): building
-    the catalog split them off, and the evaluation still reads them through the library."""
+    single private column: attr_*, subject_id (it links a person's videos without any attacker) or group. The
+    fixture's manifests were written with attr_skin, subject_id and group (as before labels/ held them): building the
+    catalog split them off, and the evaluation still reads them through the library."""
     root = catalog.root
     files = sorted(p for p in root.rglob("*.parquet") if p.is_file())
     assert any(p.parent.name == "labels" for p in files) and any(p.parent.name == "manifests" for p in files)
@@ -137,12 +138,19 @@ def test_no_private_label_through_sql_from_any_parquet_file(catalog, capsys):
         if rc == 0:
             readable.append(src)
             names = [r["column_name"] for r in json.loads(out)]
-            assert names and not [n for n in names if n.startswith("attr_")], (src, names)
+            assert names and not [n for n in names if n.startswith("attr_") or n in ("subject_id", "group")], \
+                (src, names)
         else:
             assert "read-only" in err, (src, err)
     assert any("manifests" in s for s in readable) and not any("labels" in s for s in readable)
     # the evaluation's path: the library joins the labels back
-    assert catalog.read_shard_manifest("ar-000")["attr_skin"].to_pylist() == [0, 1, 0, 1]
+    labels = catalog.read_shard_manifest("ar-000")
+    assert labels["attr_skin"].to_pylist() == [0, 1, 0, 1] and labels["group"].to_pylist() == ["a", "b", "a", "b"]
+    assert labels["subject_id"].to_pylist() == ["s0", "s1", "s2", "s3"]
+    # nor as values under another name: no readable view holds a subject id
+    for view in views:
+        rc, out, _ = cli(capsys, "--store", str(root), "sql", f"SELECT * FROM {view}", "--format", "csv")
+        assert rc == 0 and not any(f",s{i}," in f",{line}," for line in out.splitlines() for i in range(4)), view
 
 
 def test_no_private_label_through_a_symbolic_link(catalog, capsys, tmp_path, monkeypatch):

@@ -32,15 +32,72 @@ def test_unknown_dataset_is_a_clear_error(tmp_path, capsys):
     assert "not registered" in capsys.readouterr().err
 
 
-def test_ingest_then_extract_in_one_command_without_dagster_home(tiny_bench, tiny_videomae, tmp_path, monkeypatch):
-    """`splavu extract` after `ingest` in the same process (as `splavu demo` does) with no $DAGSTER_HOME:
-    both must see the same instance, or the new shard partitions are unknown to extract."""
+def test_extract_learns_shards_an_instance_never_saw(tiny_bench, tiny_videomae, tmp_path, monkeypatch):
+    """`splavu extract` after `ingest` recorded the shards in another Dagster instance (DAGSTER_HOME exported only
+    afterwards): the store's registration is the truth, so extract adds the partitions it lacks instead of failing
+    with DagsterUnknownPartitionError."""
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
     root, _ = tiny_bench
     store = str(tmp_path / "store")
     assert main(["--store", store, "ingest", "gait", str(root / "gait" / "manifest.csv")]) == 0
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "exported_later"))
     assert main(["--store", store, "extract", "--dataset", "gait", "--checkpoint", str(tiny_videomae)]) == 0
     assert (tmp_path / "store" / "latents" / "gait-000" / "_COMMIT.json").is_file()
+
+
+def test_fresh_shells_without_dagster_home_share_one_instance(tiny_bench, tiny_videomae, tmp_path):
+    """Each README line in its own shell, $DAGSTER_HOME unset: `extract` knows the shards `ingest` added, the folder
+    is announced once, and `dagster dev` on it would list the runs (they are in its run storage)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import dagster as dg
+
+    root, _ = tiny_bench
+    home = tmp_path / "instance"
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
+    env.update(SPLAVU_DAGSTER_HOME=str(home), PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}")
+    store = tmp_path / "my_store"
+    errs = []
+    for line in (f"splavu --store {store} ingest walks {root / 'gait' / 'manifest.csv'} --roles gait",
+                 f"splavu --store {store} extract --checkpoint {tiny_videomae}"):
+        p = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True, cwd=tmp_path)
+        assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+        errs.append(p.stderr)
+    assert f"note: Dagster runs are recorded in {home}" in errs[0] and f"DAGSTER_HOME={home} dagster dev" in errs[0]
+    assert "note: Dagster runs are recorded" not in errs[1]  # once per folder
+    assert (store / "latents" / "walks-000" / "_COMMIT.json").is_file()
+    inst = dg.DagsterInstance.from_config(str(home))
+    assert inst.get_dynamic_partitions("shards") == ["walks-000"]
+    assert {r.job_name for r in inst.get_runs()} == {"extract_latents"}
+
+
+def test_the_default_instance_folder_is_the_checkouts(monkeypatch):
+    """With neither $DAGSTER_HOME nor $SPLAVU_DAGSTER_HOME, the CLI uses the checkout's .dagster_home: the folder the
+    Makefile exports and the README's `dagster dev` line names."""
+    from pipeline import runner
+
+    monkeypatch.delenv("SPLAVU_DAGSTER_HOME")
+    assert runner.instance_dir() == runner.PROJECT / ".dagster_home"
+    assert "DAGSTER_HOME=$PWD/.dagster_home" in (runner.PROJECT / "README.md").read_text()
+
+
+def test_an_unexpected_error_is_one_line_too(tmp_path, capsys, monkeypatch):
+    from pipeline import cli
+
+    def broken(args):
+        raise KeyError("clip_latents")
+
+    monkeypatch.setattr(cli, "cmd_synth", broken)
+    assert cli.main(["synth", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == ("splavu: error: unexpected KeyError: 'clip_latents' (a bug in splavu; SPLAVU_TRACEBACK=1 "
+                           "prints the traceback)")
+    monkeypatch.setenv("SPLAVU_TRACEBACK", "1")
+    with pytest.raises(KeyError):
+        cli.main(["synth", "--out", str(tmp_path)])
 
 
 def test_evaluate_says_each_skipped_task_once(tmp_path):

@@ -39,7 +39,7 @@ def small_dataset(tiny_bench, tmp_path):
         shutil.copy(root / "ar" / r["path"], ds / r["path"])
         lines.append(f"{r['video_id']},{r['path']},{r['split']},{r['action']}")
     good = (ds / m.rows[0]["path"]).read_bytes()
-    bad = {"corrupt": os.urandom(4000), "truncated": good[: len(good) // 3], "empty": b"",
+    bad = {"corrupt": np.random.default_rng(4000).bytes(4000), "truncated": good[: len(good) // 3], "empty": b"",
            "unsupported": b"this is a text file, not a video\n" * 50}
     for name, data in bad.items():
         (ds / "videos" / f"{name}.mp4").write_bytes(data)

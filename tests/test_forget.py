@@ -23,7 +23,8 @@ import pytest
 from pipeline.cli import main
 from assets.resources import EncoderResource, StoreResource
 from pipeline.runner import materialize_shard, run_reanonymize
-from splavu_core import erasure
+from splavu_core import analyst, erasure
+from splavu_core import catalog as cat
 from splavu_core import forget as fg
 from splavu_core import publish as pub
 from splavu_core.ledger import current_version, retired_versions
@@ -56,7 +57,9 @@ def env(tiny_store, tmp_path_factory):
 
 
 def manifest_rows(store: FeatureStore) -> list[dict]:
-    return [r for k in store.files.glob("manifests", ".parquet") for r in store.files.read_parquet(k).to_pylist()]
+    """Every manifest row with its private columns (subject_id lives in labels/, joined by the library)."""
+    return [r for k in store.files.glob("manifests", ".parquet")
+            for r in store.read_shard_manifest(k.rsplit("/", 1)[-1][:-len(".parquet")]).to_pylist()]
 
 
 def vectors_of(store: FeatureStore, ids: set) -> list[np.ndarray]:
@@ -364,6 +367,21 @@ def fitted_store(tmp_path):
     s.files.write_json("datasets/ar.json", {"name": "ar", "manifest": str(tmp_path / "gone.csv"), "shard_size": 4,
                                          "videos": 8, "shards": ["ar-000", "ar-001"], "roles": ["ar"]})
     return s, publish(s, make_adapter(s), ["ar-000", "ar-001"])
+
+
+def test_the_receipt_is_in_the_erasures_view_when_forget_returns(tmp_path, capsys):
+    """A video no version was fitted on (a test video): no refit, so no publish rebuilds the catalog afterwards; the
+    receipt is in `erasures` anyway, the moment `splavu forget` returns."""
+    s, _ = fitted_store(tmp_path)
+    rows = s.read_shard_manifest("ar-000").to_pylist()
+    video = next(r["video_id"] for r in rows if r["split"] == "test")
+    cat.build_catalog(s)
+    assert analyst.query(s, "SELECT count(*) AS n FROM erasures")["n"][0].as_py() == 0
+    rc, out, err = cli(capsys, "--store", str(s.root), "forget", "--video", video, "--reason", "withdrawn")
+    assert rc == 0 and "no refit needed" in out, err
+    log = analyst.query(s, "SELECT step, layer, rows_removed FROM erasures").to_pylist()
+    assert {r["step"] for r in log} == {"erase"}
+    assert next(r for r in log if r["layer"] == "request")["rows_removed"] == 1
 
 
 @pytest.mark.parametrize("keep", [False, True])

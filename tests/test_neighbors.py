@@ -71,7 +71,7 @@ def test_explains_an_empty_current_table(store):
         "leakage_removed": 0.04, "raw_cmap": 0.86, "anonymized_cmap": 0.85, "chance_cmap": 0.5}})
     msg = _error(store, "ar-000_v1")
     assert "no AAM version is current" in msg and f"{version} (" in msg and "2/3 shards published" in msg
-    assert "refused by the privacy budget (leakage removed 0.040 < budget 0.5)" in msg and f"--version {version}" in msg
+    assert "refused by the privacy budget (leakage removed 0.040 < budget 0.5: FAILED)" in msg and f"--version {version}" in msg
     found = nn.neighbors(store, "ar-000_v1", k=3, version=version)
     assert found.num_rows == 3 and "ar-000_v1" not in found["video_id"].to_pylist()
 

@@ -275,11 +275,11 @@ def test_catalog_build_idempotent_and_queries(store):
     assert analyst.query(store, "SELECT run_id, job, status, started_at, finished_at FROM runs").num_rows == 0
     kinds = set(analyst.query(store, "SELECT DISTINCT kind FROM storage")["kind"].to_pylist())
     assert {"raw_latents", "raw_index", "anonymized", "manifests", "aam"} <= kinds
-    vids = analyst.query(store, 'SELECT dataset, "group" FROM videos WHERE video_id = \'tad-000_v1\'').to_pylist()
-    assert vids == [{"dataset": "tad", "group": "b"}]
-    # private-attribute ground truth (attr_*) is for evaluation only: not in the analysts' view
+    vids = analyst.query(store, 'SELECT dataset, action FROM videos WHERE video_id = \'tad-000_v1\'').to_pylist()
+    assert vids == [{"dataset": "tad", "action": "run"}]
+    # private columns (attr_*, subject_id, group) are for evaluation only: not in the analysts' view
     columns = analyst.query(store, "SELECT * FROM videos LIMIT 0").column_names
-    assert "group" in columns and not [c for c in columns if c.startswith("attr_")]
+    assert "action" in columns and not [c for c in columns if c.startswith("attr_") or c in ("subject_id", "group")]
     (store.root / "metrics").mkdir()
     pq.write_table(pa.table({"feature_set": ["raw"], "aam_version": [None], "task": ["ar"], "metric": ["top1"],
                              "value": [0.9], "split": ["test"]}), store.root / "metrics" / "x.parquet")

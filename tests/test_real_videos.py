@@ -1,6 +1,5 @@
 """Real-world video mixes in one shard (issue 13, items 1 and 6): resolutions, frame rates and containers differ,
 and an unusable file is quarantined with the decoder's own reason, never failing its shard."""
-import os
 
 import dagster as dg
 import numpy as np
@@ -14,6 +13,12 @@ from splavu_core.sampling import ClipSampling
 from splavu_core.store import FeatureStore
 from splavu_core.video import write_mp4, write_video
 from test_extract import run
+
+
+# What libav says about bytes that are no video, by message class: which one depends on what its probes make of the
+# bytes (random bytes have been read as a subtitle stream), so a test accepts every class, not one message.
+UNREADABLE_REASONS = ("Invalid data found when processing input", "moov atom not found",
+                      "no video stream (the file holds", "no decodable frames")
 
 
 def moving_frames(n, h, w, seed):
@@ -52,7 +57,7 @@ def mixed_dataset(tmp_path):
     write_video(ds / "pal.avi", moving_frames(34, 72, 96, 2), 12, "mpeg4", "avi")  # 96x72 MPEG-4 Part 2 AVI, 12 fps
     good = (ds / "cif.mp4").read_bytes()
     (ds / "truncated.mp4").write_bytes(good[: len(good) // 3])
-    (ds / "random.mp4").write_bytes(os.urandom(4000))
+    (ds / "random.mp4").write_bytes(np.random.default_rng(4000).bytes(4000))  # seeded: the same bytes every run
     (ds / "notes.mp4").write_bytes(b"this is a text file, not a video\n" * 50)
     write_audio_only(ds / "sound.mp4")
     names = ["cif.mp4", "truncated.mp4", "odd.mp4", "random.mp4", "pal.avi", "notes.mp4", "sound.mp4"]
@@ -97,7 +102,7 @@ def test_quarantine_keeps_the_decoders_own_reason(mixed_dataset, tiny_videomae):
     q = {r["video_id"]: r["error"] for r in out.quarantine.to_pylist()}
     assert "moov atom not found" in q["truncated"] and "truncated.mp4" in q["truncated"]
     for vid in ("random", "notes"):
-        assert "Invalid data found when processing input" in q[vid] or "moov atom" in q[vid], q[vid]
+        assert any(m in q[vid] for m in UNREADABLE_REASONS), q[vid]
     assert "no video stream (the file holds audio streams only)" in q["sound"]
     assert not any("Error reading" in e or "Check failed" in e for e in q.values()), q  # decord's generic line says nothing
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import runner
 from pipeline.cli import main
 from splavu_core.store import FeatureStore
 from splavu_core.sampling import ClipSampling
@@ -17,7 +18,9 @@ def walkthrough_lines() -> list[list[str]]:
     text = README.read_text()
     section = text[text.index("## Your own videos, start to finish"):]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
-    return [shlex.split(line) for line in block.splitlines() if line.strip()]
+    lines = [shlex.split(line) for line in block.splitlines() if line.strip()]
+    assert lines[0] == ["source", ".venv/bin/activate"]  # `make setup` leaves splavu in .venv/bin, off the PATH
+    return lines[1:]
 
 
 def test_readme_walkthrough(tiny_bench, tiny_videomae, tmp_path, capsys, monkeypatch):
@@ -37,6 +40,7 @@ def test_readme_walkthrough(tiny_bench, tiny_videomae, tmp_path, capsys, monkeyp
         if argv[2] == "extract":
             argv += ["--checkpoint", str(tiny_videomae)]
         argv = [version if a == "VERSION" else a for a in argv]
+        runner._instance_at.cache_clear()  # each line opens the instance from its folder, as a new shell would
         rc = main(argv)
         out, err = capsys.readouterr()
         outputs.append((argv[2:], rc, out, err))

@@ -275,13 +275,13 @@ def curve_markdown(out: dict) -> str:
     def ret(v):
         return "—" if v is None else f"{v[0]:.2f} [{v[1]:.2f}, {v[2]:.2f}]"
 
-    lines = ["| member | close-ups removed | action clips removed | AR retention | TAD retention |",
-             "|---|---:|---:|---:|---:|"]
+    lines = ["| member | close-ups removed | action clips removed | re-id linkage removed | AR retention | "
+             "TAD retention |", "|---|---:|---:|---:|---:|---:|"]
     for m in out["members"] + out["marks"]:
         name = f"**{m['name']} (chosen)**" if m.get("k") is not None and m.get("k") == out["chosen_k"] \
             and m in out["members"] else m["name"]
-        lines.append(f"| {name} | {pct(m.get('privacy'))} | {pct(m.get('clip_privacy'))} | {ret(m.get('ar'))} | "
-                     f"{ret(m.get('tad'))} |")
+        lines.append(f"| {name} | {pct(m.get('privacy'))} | {pct(m.get('clip_privacy'))} | {pct(m.get('reid'))} | "
+                     f"{ret(m.get('ar'))} | {ret(m.get('tad'))} |")
     reused = out.get("reused") or {}
     if reused.get("raw_tasks"):
         lines += ["", f"Scored by the gates of AAM {reused['version']} in the same run, not again: raw on "

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ..costs import DEMO_STAGES
+from ..ledger import read_verdicts
 from ..store import FeatureStore
 from .suite import REPORT_METRICS, UTILITY_KEYS, mean_utility_retention
 
@@ -49,10 +50,26 @@ def fmt_change(rel: float | None) -> str:
     return f"{'↓' if rel < 0 else '↑'}{pct:.1f}%"
 
 
+NO_SIGNAL = "no signal"  # a leakage/linkage share whose raw features are not above chance: nothing to remove
+
+
+def _nan(v) -> bool:
+    return isinstance(v, float) and v != v
+
+
+def without_nan(obj):
+    """`obj` with every NaN float replaced by None (JSON null): the report's JSON never holds NaN, which is not JSON."""
+    if isinstance(obj, dict):
+        return {k: without_nan(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [without_nan(v) for v in obj]
+    return None if _nan(obj) else obj
+
+
 def fmt_cell(row: dict, key: str) -> str:
     if key in LEAKAGE_KEYS:
         v = row.get(key)
-        return "—" if v is None else f"{v * 100:.1f}%"
+        return "—" if v is None else (NO_SIGNAL if _nan(v) else f"{v * 100:.1f}%")
     v = row.get(key)
     if v is None:
         return "—"
@@ -84,7 +101,9 @@ def interval_cell(row: dict, key: str, raw: dict) -> str:
             return "—"
         st = (row.get("derived_intervals") or {}).get(key)
         if st is None:
-            return "—" if row.get(key) is None else f"{row[key] * 100:.1f}%"
+            return "—" if row.get(key) is None else (NO_SIGNAL if _nan(row[key]) else f"{row[key] * 100:.1f}%")
+        if any(_nan(st.get(k)) for k in ("value", "ci_low", "ci_high")):
+            return NO_SIGNAL  # raw at chance: a share of nothing is undefined, never `nan%`
         return f"{st['value'] * 100:.1f}% [{st['ci_low'] * 100:.1f}, {st['ci_high'] * 100:.1f}]"
     st = (row.get("intervals") or {}).get(key)
     if st is None:
@@ -315,10 +334,49 @@ def demo_markdown(demo: Mapping | None) -> list[str]:
     return lines + ([""] if len(lines) > 5 else [])
 
 
-def report_markdown(report: dict, title: str = "Privacy–utility trade-off") -> str:
+RETENTION_KEYS = (("ar_retention", "AR"), ("tad_retention", "TAD"), ("ad_retention", "AD"))
+
+
+def retention_markdown(rows: Sequence[dict]) -> list[str]:
+    """Utility retention, (anonymized − chance) / (raw − chance) with its 95% interval, per non-raw row and task."""
+    have = [(k, h) for k, h in RETENTION_KEYS if any((r.get("derived_intervals") or {}).get(k) for r in rows)]
+    if not have:
+        return []
+    out = ["### Utility retention (share of raw's above-chance utility kept)", "",
+           "| Features | " + " | ".join(h for _, h in have) + " |", "|---|" + "---:|" * len(have)]
+    for r in rows:
+        if r["name"] == "raw":
+            continue
+        cells = []
+        for k, _ in have:
+            st = (r.get("derived_intervals") or {}).get(k)
+            bad = st is None or any(_nan(st.get(x)) for x in ("value", "ci_low", "ci_high"))
+            cells.append(("—" if st is None else NO_SIGNAL) if bad else
+                         f"{st['value']:.2f} [{st['ci_low']:.2f}, {st['ci_high']:.2f}]")
+        out.append(f"| {r['name']} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def gates_markdown(verdicts: Mapping | None, version: str | None) -> list[str]:
+    """The promotion gates' recorded verdicts on the report's version (validation splits; the ledger's words)."""
+    if not version:
+        return []
+    out = [f"### Promotion gates on AAM `{version}` (validation splits)", ""]
+    if not verdicts:
+        return out + ["Not gated yet (`splavu publish` measures both gates).", ""]
+    for gate, label in (("privacy", "Privacy budget"), ("utility", "Utility")):
+        v = verdicts.get(gate)
+        out.append(f"- {label}: " + ("not run" if v is None else
+                                     f"**{'passed' if v['passed'] else 'not passed'}**: {v['why']}"))
+    return out + [""]
+
+
+def report_markdown(report: dict, title: str = "Privacy–utility trade-off", verdicts: Mapping | None = None) -> str:
     cost = costs_markdown(report["costs"]) if report.get("costs") else []
-    return "\n".join([f"## {title}", "", table_markdown(report["rows"]), ""] + attackers_markdown(report["rows"])
-                     + readers_markdown(report["rows"]) + unseen_markdown(report) + cost + _footer(report)) + "\n"
+    gates = gates_markdown(verdicts, report.get("aam_version")) if verdicts is not None else []
+    return "\n".join([f"## {title}", "", table_markdown(report["rows"]), ""] + retention_markdown(report["rows"])
+                     + gates + attackers_markdown(report["rows"]) + readers_markdown(report["rows"])
+                     + unseen_markdown(report) + cost + _footer(report)) + "\n"
 
 
 def ablation_markdown(report: dict, groups: Mapping[str, Sequence[str]]) -> str:
@@ -386,17 +444,24 @@ def tradeoff_png(report: dict, title: str = "Privacy–utility trade-off") -> by
 
 # ---------------------------------------------------------------- files
 
+def report_json(report: dict) -> bytes:
+    """The report as JSON; NaN (a share of nothing: raw at chance) is written as null, never as `NaN`."""
+    return (json.dumps(without_nan(report), indent=1, allow_nan=False) + "\n").encode()
+
+
 def write_privacy_utility_report(store: FeatureStore, report: dict, stem: str = "privacy_utility") -> dict[str, Path]:
     """Write <root>/reports/<stem>.json, .md and .png; returns their paths (keys json, md, png)."""
-    return {"json": _write_atomic(store, f"{stem}.json", (json.dumps(report, indent=1) + "\n").encode()),
-            "md": _write_atomic(store, f"{stem}.md", report_markdown(report).encode()),
+    return {"json": _write_atomic(store, f"{stem}.json", report_json(report)),
+            "md": _write_atomic(store, f"{stem}.md", report_markdown(
+                report, verdicts=read_verdicts(store, report["aam_version"]) if report.get("aam_version") else {}
+            ).encode()),
             "png": _write_atomic(store, f"{stem}.png", tradeoff_png(report))}
 
 
 def write_ablation_report(store: FeatureStore, report: dict, groups: Mapping[str, Sequence[str]],
                           stem: str = "ablations") -> dict[str, Path]:
     """Write <root>/reports/<stem>.json, .md (grouped tables) and .png."""
-    return {"json": _write_atomic(store, f"{stem}.json", (json.dumps(report, indent=1) + "\n").encode()),
+    return {"json": _write_atomic(store, f"{stem}.json", report_json(report)),
             "md": _write_atomic(store, f"{stem}.md", ablation_markdown(report, groups).encode()),
             "png": _write_atomic(store, f"{stem}.png", tradeoff_png(report, title="Ablations: privacy–utility"))}
 
