@@ -195,3 +195,42 @@ def test_tad_map_matches_highest_tiou_unmatched_gt_and_counts_missed_classes():
     assert out["mAP"] == pytest.approx((1.0 + 0.0) / 2)  # class 0 perfect, class 1 never detected -> AP 0
     with pytest.raises(ValueError, match="no segments"):
         tad_map(dets, {"v": []})
+
+
+def test_frame_auc_of_every_resample_at_once_equals_one_call_per_resample():
+    from splavu_core.evaluation import protocols as P
+    from splavu_core.evaluation.stats import bootstrap_indices
+
+    rng = np.random.default_rng(0)
+    fl = [(rng.random(int(rng.integers(5, 30))) < p).astype(int) for p in rng.random(12) * 0.6]
+    fl[0][:] = 0  # a video without anomalous frames, and tied scores below
+    sc = [np.round(rng.normal(size=len(f)) + f, 1) for f in fl]
+    idx = bootstrap_indices(len(fl), 300, seed=1)
+    fast = P.auc_resamples(np.concatenate(fl), np.concatenate(sc), np.repeat(np.arange(len(fl)), [len(f) for f in fl]),
+                           idx)
+    for row, got in zip(idx, fast):
+        y, s = np.concatenate([fl[j] for j in row]), np.concatenate([sc[j] for j in row])
+        want = P._auc(y, s) if 0 < y.sum() < len(y) else np.nan
+        assert (np.isnan(want) and np.isnan(got)) or abs(want - got) < 1e-12
+
+
+def test_tad_map_of_every_resample_at_once_equals_one_call_per_resample():
+    from splavu_core.evaluation.metrics import tad_map, tad_map_resamples, tad_tables
+    from splavu_core.evaluation.stats import bootstrap_indices
+
+    rng = np.random.default_rng(0)
+    gts, dets = [], []
+    for j in range(15):
+        g = [(float(a), float(a + rng.uniform(2, 6)), f"c{rng.integers(3)}") for a in rng.uniform(0, 40, rng.integers(0, 4))]
+        d = [(a + rng.normal(0, 1), b + rng.normal(0, 1), lab, float(rng.random())) for a, b, lab in g]
+        d += [(float(a), float(a + 3), f"c{rng.integers(3)}", float(rng.random())) for a in rng.uniform(0, 40, 3)]
+        gts.append(g)
+        dets.append(d)
+    gts[0] = [(1.0, 5.0, "c0")]
+    idx = bootstrap_indices(15, 60, seed=2)
+    fast = tad_map_resamples(tad_tables(dets, gts), idx, 5)
+    for row, got in zip(idx, fast):
+        if not any(gts[j] for j in row):
+            continue
+        want = tad_map({k: dets[j] for k, j in enumerate(row)}, {k: gts[j] for k, j in enumerate(row)})
+        np.testing.assert_allclose(got, [want["mAP"]] + [want[f"mAP@{t:g}"] for t in (.3, .4, .5, .6, .7)], atol=1e-12)

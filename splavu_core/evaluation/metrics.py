@@ -226,3 +226,80 @@ def tad_map(detections: Mapping[str, Iterable[tuple]], ground_truth: Mapping[str
     out = {"mAP": float(per_tiou.mean())}
     out.update({f"mAP@{t:g}": float(v) for t, v in zip(tious, per_tiou)})
     return out
+
+
+# ---------------------------------------------------------------- TAD mAP of many bootstrap resamples at once
+
+def _match_one_video(dets: list[tuple], gts: np.ndarray, tious: Sequence[float]) -> np.ndarray:
+    """(T, n) true positives of one video's detections of one class [(start, end, score)], best score first (ties in
+    input order), matched greedily to its ground truth (G, 2) as _class_ap does: matching never crosses videos."""
+    tp = np.zeros((len(tious), len(dets)))
+    taken = np.zeros((len(tious), len(gts)), dtype=bool)
+    for rank, (start, end, _) in enumerate(dets):
+        if not len(gts):
+            continue
+        ious = segment_iou((start, end), gts)
+        for g in np.argsort(-ious, kind="stable"):
+            for t, thr in enumerate(tious):
+                if ious[g] >= thr and not taken[t, g] and not tp[t, rank]:
+                    taken[t, g] = True
+                    tp[t, rank] = 1
+    return tp
+
+
+def tad_tables(detections: Sequence[list], ground_truth: Sequence[list], tious: Sequence[float] = TIOUS) -> dict:
+    """What tad_map_resamples needs of one seed's detections of n videos (lists indexed by video): per class, every
+    detection's video, its true-positive flags (matched within its own video, once) and the global score order;
+    per class and video, the ground truth count."""
+    n = len(ground_truth)
+    labels = sorted({seg[2] for g in ground_truth for seg in g} | {d[2] for ds in detections for d in ds}, key=str)
+    out = {}
+    for c in labels:
+        vid, score, tps = [], [], []
+        n_gt = np.zeros(n)
+        for j in range(n):
+            gts = np.asarray([(a, b) for a, b, lab in ground_truth[j] if lab == c], np.float64).reshape(-1, 2)
+            n_gt[j] = len(gts)
+            mine = [(a, b, sc) for a, b, lab, sc in detections[j] if lab == c]
+            mine = [mine[i] for i in np.argsort([-d[2] for d in mine], kind="stable")]
+            if mine:
+                tps.append(_match_one_video(mine, gts, tious))
+                vid += [j] * len(mine)
+                score += [d[2] for d in mine]
+        if tps:
+            tp = np.concatenate(tps, axis=1)
+            order = np.lexsort((np.arange(len(vid)), np.asarray(vid), -np.asarray(score)))
+            out[c] = {"vid": np.asarray(vid)[order], "tp": tp[:, order], "n_gt": n_gt}
+        else:
+            out[c] = {"vid": np.zeros(0, int), "tp": np.zeros((len(tious), 0)), "n_gt": n_gt}
+    return out
+
+
+def tad_map_resamples(tables: dict, idx: np.ndarray, n_tious: int) -> np.ndarray:
+    """tad_map of each resample of the videos (idx (B, n) video indices; a video drawn twice counts twice):
+    (B, 1 + T) = mAP, then mAP@t for each tIoU, from tad_tables. Equal to tad_map on the resampled lists up to the
+    order of exactly tied scores of different videos."""
+    n = len(next(iter(tables.values()))["n_gt"]) if tables else 0
+    out = np.zeros((len(idx), 1 + n_tious))
+    for b, row in enumerate(idx):
+        counts = np.bincount(row, minlength=n)
+        aps = []
+        for t in tables.values():
+            n_gt = float(counts @ t["n_gt"])
+            if n_gt == 0:
+                continue  # a class absent from this resample's ground truth is not averaged
+            w = counts[t["vid"]]
+            tp = np.repeat(t["tp"], w, axis=1)                           # (T, m): each drawn copy of a detection
+            if not tp.shape[1]:
+                aps.append(np.zeros(n_tious))
+                continue
+            tp_cum = np.cumsum(tp, axis=1)
+            recall = tp_cum / n_gt
+            precision = tp_cum / np.arange(1, tp.shape[1] + 1)
+            env = np.maximum.accumulate(np.concatenate([precision, np.zeros((n_tious, 1))], axis=1)[:, ::-1],
+                                        axis=1)[:, ::-1][:, :-1]
+            d_rec = np.diff(np.concatenate([np.zeros((n_tious, 1)), recall], axis=1), axis=1)
+            aps.append((d_rec * env).sum(1))
+        per_tiou = np.mean(aps, axis=0) if aps else np.full(n_tious, np.nan)
+        out[b] = np.r_[per_tiou.mean(), per_tiou]
+    return out

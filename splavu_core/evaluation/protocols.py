@@ -36,7 +36,8 @@ from ..features import VideoFeatures
 from . import attackers as A
 from . import stats
 from .attackers import Standardiser
-from .metrics import TIOUS, chance_cmap, cmap, cmap_resamples, frame_labels, frame_scores, tad_map
+from .metrics import (TIOUS, chance_cmap, cmap, cmap_resamples, frame_labels, frame_scores, tad_map,
+                      tad_map_resamples, tad_tables)
 
 Videos = Sequence[VideoFeatures]
 N_SEEDS = 5
@@ -220,8 +221,29 @@ def ad_scored(scores: list[list[np.ndarray]], fl: list[np.ndarray], test: Videos
         ss = np.concatenate([scores[s][j] for j in i])
         return _auc(yy, ss)
 
-    same = all(np.allclose(np.concatenate(scores[0]), np.concatenate(sc), atol=1e-4) for sc in scores[1:])
-    return Scored("ad", {"auc": auc}, {"auc": 0.5}, len(scores), n, [v.video_id for v in test], same_outputs=same)
+    y_all = np.concatenate(fl)
+    video_of = np.repeat(np.arange(n), [len(f) for f in fl])
+    flat = [np.concatenate(sc) for sc in scores]
+    same = all(np.allclose(flat[0], f, atol=1e-4) for f in flat[1:])
+    fast = stats.with_resamples(auc, lambda s, idx: auc_resamples(y_all, flat[s], video_of, idx))
+    return Scored("ad", {"auc": fast}, {"auc": 0.5}, len(scores), n, [v.video_id for v in test], same_outputs=same)
+
+
+def auc_resamples(y: np.ndarray, s: np.ndarray, video_of: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """_auc of every resample of the videos at once: idx (B, n) video indices -> (B,), NaN where a resample lacks a
+    class. A resample weights each frame by its video's draw count, so frames are ranked once: the Mann-Whitney sum
+    over tie groups of the sorted scores (ties count half), as _auc on the concatenated resampled videos."""
+    order = np.argsort(s, kind="mergesort")
+    ss, yy, vv = s[order], y[order].astype(bool), video_of[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(ss)) + 1]                          # tie groups of the sorted scores
+    counts = np.stack([np.bincount(row, minlength=int(video_of.max()) + 1) for row in idx]).astype(np.float64)
+    w = counts[:, vv]                                                            # (B, N) frame weights
+    pos = np.add.reduceat(np.where(yy, w, 0.0), starts, axis=1)                  # (B, G)
+    neg = np.add.reduceat(np.where(yy, 0.0, w), starts, axis=1)
+    below = np.cumsum(neg, axis=1) - neg
+    n1, n0 = pos.sum(1), neg.sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where((n1 > 0) & (n0 > 0), (pos * (below + 0.5 * neg)).sum(1) / (n1 * n0), np.nan)
 
 
 def _auc(y: np.ndarray, s: np.ndarray) -> float:
@@ -289,8 +311,25 @@ def tad_scored(dets: list, gts: list, test: Videos, tious: Sequence[float], n_bo
             cache[key] = tad_map({k: dets[s][j] for k, j in enumerate(i)}, {k: gts[j] for k, j in enumerate(i)}, tious)
         return cache[key]
 
+    tables: dict = {}
+
+    def table(s, idx):  # every resample at once (metrics.tad_map_resamples), its matching done once per seed
+        key = id(dets[s])
+        if key not in tables:
+            tables[key] = tad_tables(dets[s], gts, tious)
+        return tad_map_resamples(tables[key], idx, len(tious))
+
+    memo: dict = {}
+
     def at(name):
-        return lambda s, idx: scores(s, idx)[name]
+        col = (["mAP"] + [f"mAP@{t:g}" for t in tious]).index(name)
+
+        def resamples(s, idx):
+            key = (id(dets[s]), idx.shape, idx.tobytes())
+            if key not in memo:
+                memo[key] = table(s, idx)
+            return memo[key][:, col]
+        return stats.with_resamples(lambda s, idx: scores(s, idx)[name], resamples, remember=False)
 
     shifts = [1, 2, 3] if n > 3 else [1]
     null = [tad_map({k: dets[0][(k + sh) % n] for k in range(n)}, {k: gts[k] for k in range(n)}, tious)["mAP"]
