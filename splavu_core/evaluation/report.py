@@ -274,8 +274,8 @@ def _footer(report: dict, version_note: str | None = None) -> list[str]:
     trivial_rows = [r["name"] for r in report["rows"] if r["name"].startswith(("pca_", "randproj_"))]
     if trivial_rows:
         notes.append(f"Trivial baselines ({', '.join(trivial_rows)}): label-free projections to the published width "
-                     f"fitted on the training clips, scored on the privacy sets and AR; an anonymizer must beat "
-                     f"them.")
+                     f"fitted on the training clips, scored on every privacy and utility task; an anonymizer must "
+                     f"beat them.")
     missing = [k for k in REPORT_METRICS if raw.get(k) is None]
     if missing:
         notes.append(f"Not measured (dataset absent or unusable): {', '.join(missing)}.")
