@@ -175,7 +175,7 @@ def test_asset_trains_from_cached_latents_only(tiny_store, tmp_path):
     assert {"ar_loss", "lc_loss", "pair_matching_static_static_after", "train_seconds"} <= set(md["floats"])
     assert [r["pairs"] for r in md["pm_table"]] == ["static↔static", "static↔action"] and md["path_type"] == "PathMetadataValue"
     assert md["png"].startswith("![loss curves](data:image/png;base64,")
-    assert re.fullmatch(r"keep fit, k = 14 of \d+ directions, each video recentred on its expected class among \d+, "
+    assert re.fullmatch(r"keep fit, k = 14 of \d+ directions, each video recentred on its expected cluster among \d+, "
                         r"then \d+ parameters trained, selected epoch [12]", md["fit"]), md["fit"]
     d = copy / "aam" / md["version"]
     assert (d / "adapter.safetensors").is_file() and (d / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"
@@ -201,7 +201,7 @@ def test_closed_form_asset_shows_its_fit_not_empty_losses(tiny_store, tmp_path):
     md = res.asset_materializations_for_node("aam_model")[0].metadata
     dim = md["input_width"].value
     assert re.fullmatch(rf"closed-form keep fit, k = 14 of {dim} directions, each video recentred on its expected "
-                        r"class among \d+, no training loop", md["fit"].value), md["fit"].value
+                        r"cluster among \d+, no training loop", md["fit"].value), md["fit"].value
     assert not {"final_losses", "loss_curves", "loss_curves_path", "selected_epoch", "parameters", "train_seconds",
                 "lc_loss"} & set(md)
     assert isinstance(md["fit_seconds"], dg.FloatMetadataValue) and md["fit_seconds"].value > 0
@@ -248,7 +248,8 @@ FLAT_RECORD = {
     "selection": "val_ar", "adapter": {"keep": 14, "layers": 0, "mixer": "mlp", "recentre": True},
     "privacy": "critic", "pairs": "both", "critic_steps": 2, "critic_hidden": 256, "critic_lr": 1e-3,
     "erase_fraction": 0.0, "erase_w_action": 1.0, "erase_w_temporal": 0.0, "keep_w_motion": 1.0, "keep_w_app": 0.0,
-    "keep_tad_phases": 3, "keep_w_dynamic": 0.0, "keep_ridge": 0.3, "recentre_quantile": 0.8,
+    "keep_tad_phases": 3, "keep_w_dynamic": 0.0, "keep_ridge": 0.3, "recentre_quantile": 0.95,
+    "recentre_on": "clusters", "recentre_cluster_videos": 30,
     "heldout_fraction": 0.2, "diagnose_points": 4, "diagnose_steps": 300, "oracle": False}
 
 

@@ -110,20 +110,24 @@ def test_recentring_replaces_who_in_a_videos_mean_and_keeps_its_motion():
     assert np.abs(apply_recentre(fit, novel).mean(0) - novel.mean(0)).max() < 0.05 * 30
 
 
-def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store):
+@pytest.mark.parametrize("on", ["clusters", "classes"])
+def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store, on):
     """The adapter aam_model trains (torch) and the keep curve's member (numpy) give the same rows, and a video's
-    rows do not depend on the other videos of its batch."""
+    rows do not depend on the other videos of its batch; on either kind of centroid."""
     import torch
 
-    from splavu_core.aam.train import TrainConfig, fit_closed_form, load_training_data, train_aam
+    from splavu_core.aam.train import TrainConfig, fit_closed_form, load_training_data, n_centroids, train_aam
     from splavu_core.evaluation.suite import anonymize_videos
     from splavu_core.publish import load_video_features
 
     store = FeatureStore(tiny_store)
     data = load_training_data(store, ad=None)
-    cfg = TrainConfig.from_flat({**KEEP, "tasks": ("ar", "tad"), "adapter": {**KEEP["adapter"], "recentre": True}})
+    cfg = TrainConfig.from_flat({**KEEP, "tasks": ("ar", "tad"), "adapter": {**KEEP["adapter"], "recentre": True},
+                                 "recentre_on": on, "recentre_cluster_videos": 4})
     adapter, acfg, summary = train_aam(data, cfg, log=None)
-    assert acfg.recentre and acfg.classes == len(data.classes) and summary["keep"]["recentre"]["classes"] == acfg.classes
+    want = len(data.classes) if on == "classes" else (len(data.ar_train) + len(data.tad_train)) // 4
+    assert acfg.recentre and acfg.classes == want == n_centroids(data, cfg.tasks, cfg)
+    assert summary["keep"]["recentre"]["classes"] == acfg.classes and summary["keep"]["recentre"]["on"] == on
     maps = fit_closed_form(data, cfg.tasks, 4, cfg)
     assert set(maps) == {False, True}
     fn = maps[True]
@@ -137,6 +141,10 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store):
     with torch.no_grad():
         lone = adapter(torch.from_numpy(videos[3].feats)).numpy()
     assert len(videos[3].feats) > 1 and not np.allclose(lone, alone, atol=1e-3)
+    if on == "clusters":  # no task's classes: a store that trains TAD alone recentres too
+        _, acfg, _ = train_aam(data, cfg.replace(tasks=("tad",), selection="last"), log=None)
+        assert acfg.recentre and acfg.classes == max(2, len(data.tad_train) // 4)
+        return
     # AD trained too: its training videos' labels (normal / anomalous) are two more centroids; without task 'ar'
     # there are none: the adapter says so and publishes keep alone
     from splavu_core.aam.train import recentre_classes
@@ -155,7 +163,8 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store):
 
 @pytest.mark.parametrize("adapter,extra", [
     ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0}, {}),
-    ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0, "recentre": True}, {}),
+    ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0, "recentre": True}, {"recentre_cluster_videos": 4}),
+    ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0, "recentre": True}, {"recentre_on": "classes"}),
     ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0}, {"keep_w_dynamic": 1.0, "keep_w_app": 1.0}),
     ({"keep": 4, "layers": 1, "mixer": "mlp", "hidden": 16, "erase_rank": 4}, {})])
 def test_keep_training_never_reads_private_attribute_labels(tiny_store, tmp_path, adapter, extra):
@@ -317,3 +326,27 @@ def test_the_demos_curve_takes_raw_and_the_default_from_the_gates_of_the_same_pr
     inp = kc.load_inputs(fs)
     assert gates.scored_in_process(fs, version, range(2), kc.PROBE_KWARGS, inp.datasets)
     assert gates.scored_in_process(fs, version, range(3), kc.PROBE_KWARGS, inp.datasets) is None  # other seeds
+
+
+def test_recentring_clusters_read_no_label(tiny_store):
+    """The clusters' centroids come from the pool's kept means alone: relabelling every training video (actions,
+    segments, anomaly labels) changes neither the centroids nor which video belongs to which."""
+    import dataclasses
+
+    from splavu_core.aam.train import TrainConfig, load_training_data, recentre_targets
+
+    data = load_training_data(FeatureStore(tiny_store))
+    cfg = TrainConfig.from_flat({"recentre_cluster_videos": 4})
+    rng = np.random.default_rng(0)
+    proj = rng.standard_normal((data.dim, 4)).astype(np.float32)
+    publish = lambda x: x @ proj  # noqa: E731  a fixed map: the keep fit (which reads utility labels) is not under test
+
+    def relabel(vs):
+        return [dataclasses.replace(v, meta={"action": "x", "segments": [], "anomaly": 0}) for v in vs]
+
+    means, labels = recentre_targets(data, ("ar", "tad", "ad"), cfg, publish)
+    other = dataclasses.replace(data, ar_train=relabel(data.ar_train), tad_train=relabel(data.tad_train),
+                                ad_train=relabel(data.ad_train))
+    means2, labels2 = recentre_targets(other, ("ar", "tad", "ad"), cfg, publish)
+    np.testing.assert_array_equal(means, means2)
+    assert labels == labels2 and len(set(labels)) == len(means) // 4 >= 2

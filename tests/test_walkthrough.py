@@ -62,7 +62,7 @@ def test_readme_walkthrough(tiny_bench, tiny_videomae, tmp_path, capsys, monkeyp
     assert train_line.startswith("training on ar (kitchen_actions); without tad, ad")
     # the closed-form default says what it fitted, not "0 parameters, selected epoch 0"
     assert re.search(rf"AAM {version}: closed-form keep fit, k = 14 of \d+ directions, each video recentred on its "
-                     r"expected class among \d+, no training loop, \d+ s",
+                     r"expected cluster among \d+, no training loop, \d+ s",
                      by_cmd["train"][1])
     assert "not made current" in by_cmd["publish"][1] or "none" in by_cmd["publish"][1]
     evaluate = by_cmd["evaluate"][1]

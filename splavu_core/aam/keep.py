@@ -143,13 +143,15 @@ def apply_keep(fit: KeepFit, x: np.ndarray) -> np.ndarray:
 
 # ---------------------------------------------------------------- recentring: who leaves with the video's mean
 # In the kept space a video's clips share an offset that carries both what the video shows and who is in it, and
-# a fresh non-linear attacker reads the second from it. Recentring replaces each video's kept mean with what the
-# utility model expects of it: the mixture of the training classes' centroids (the AR actions and, when AD is
-# trained, normal / anomalous AD videos: train.recentre_classes), weighted by the video's posterior under a
-# shared-covariance Gaussian class model (LDA on training video means). The within-video deviations (motion,
-# phases: what TAD and AD need) stay. A video far from every training class (a class nobody trained for, judged
-# against the training videos' own distances) is moved proportionally less, so new classes keep most of their own
-# mean. Reads utility labels only, never a private attribute.
+# a fresh non-linear attacker reads the second from it. Recentring replaces each video's kept mean with a mixture
+# of centroids of training videos, weighted by the video's posterior under a shared-covariance Gaussian model (LDA
+# on training video means): each centroid averages many people, so the offset that says who leaves. The centroids
+# (train.recentre_targets) are k-means clusters of the fitted tasks' training videos by default, which reads no
+# label, or the trained classes (the AR actions and, when AD is trained, normal / anomalous AD videos), which
+# writes the fit's own prediction over every video-level signal it had no label for (unseen AD fell to chance).
+# The within-video deviations (motion, phases: what TAD and AD need) stay. A video far from every centroid (judged
+# against the training videos' own distances) is moved proportionally less, so what the training videos never
+# showed keeps most of its own mean. Never reads a private attribute.
 
 @dataclass
 class RecentreFit:

@@ -31,8 +31,9 @@ FORMAT1_VALUES = {"erase_rank": 0, "oracle": False, "mixer": "attention", "hidde
 
 
 # The adapter `aam_model` trains unless told otherwise (TrainConfig.adapter, the CLI, Dagster): the keep
-# family's closed form, k = 14 directions of what the tasks need, each video recentred on its expected class
-# (docs/method.md: how k and recentring were chosen). AAMConfig's own defaults below are the paper's
+# family's closed form, k = 14 directions of what the tasks need, each video recentred on its expected centroid
+# (TrainConfig.recentre_on: k-means clusters of the training videos by default; docs/method.md: how k and
+# recentring were chosen). AAMConfig's own defaults below are the paper's
 # architecture, for adapters built by hand.
 DEFAULT_ADAPTER = {"keep": 14, "layers": 0, "mixer": "mlp", "recentre": True}
 # The previous default (with TrainConfig erase_fraction 0.5: an erasure of half the dimensions, then 2 residual
@@ -69,8 +70,8 @@ class AAMConfig:
     oracle: bool = documented(False, "trained WITH private-attribute labels: a diagnostic, never publishable",
                               derived=True)
     keep: int = documented(0, "k: publish only a fitted k-dim utility subspace (aam/keep.py); 0 = D wide")
-    recentre: bool = documented(False, "replace each video's kept mean by its expected class centroid (needs keep)")
-    classes: int = documented(0, "C: class centroids of the recentring stage (set by training, like dim)",
+    recentre: bool = documented(False, "replace each video's kept mean by its expected centroid (needs keep)")
+    classes: int = documented(0, "C: centroids of the recentring stage (set by training, like dim)",
                               derived=True)
 
     def __post_init__(self):
@@ -237,8 +238,8 @@ class Keep(nn.Module):
 
 
 class Recentre(nn.Module):
-    """Each video's kept mean replaced by its expected class centroid (`aam.keep.fit_recentre`, frozen buffers):
-    the posterior-weighted mixture of the training classes' centroids under a shared-covariance Gaussian model,
+    """Each video's kept mean replaced by its expected centroid (`aam.keep.fit_recentre`, frozen buffers): the
+    posterior-weighted mixture of the centroids (k-means clusters or trained classes) under a shared-covariance model,
     moved proportionally less past a training quantile of distances (classes nobody trained for). Per video."""
 
     def __init__(self, k: int, classes: int):
