@@ -148,6 +148,17 @@ def test_anchor_sweep(store_copy, tiny_videomae):
     assert all("privacy" in m and "clip_privacy" in m for m in members)
 
 
+def test_reuse_sweep(store_copy):
+    out = run_bench("reuse_sweep", "--store", store_copy, "--k", 4, "--seeds", 0, "--fits", "ar", "--codebooks", 2,
+                    "--ranks", 2, "--quantiles", 0.9, "--pca")
+    fits, members, summary = out[:1], out[1:-1], out[-1]
+    assert fits[0]["fit"] == ["ar"] and 0 <= fits[0]["appearance_r2"] <= 1
+    assert [m["name"] for m in members] == ["keep | fit ar", "recentre | fit ar", "app 2 | fit ar",
+                                            "codebook 2 | fit ar", "codebook 2 q0.9 | fit ar",
+                                            "codebook 2 app 2 | fit ar", "pca_4"]
+    assert all("privacy" in m and "ar" in m for m in members) and summary["split"] == "val"
+
+
 def test_probe_stability(store_copy):
     out = run_bench("probe_stability", "--store", store_copy, "--tasks", "ar", "--seeds", 2)
     assert list(out["tasks"]) == ["ar"] and len(out["tasks"]["ar"]["per_seed"]) == 2
