@@ -400,7 +400,7 @@ def test_dask_publishes_the_same_anonymized_table(published_and_evaluated, clust
 def test_dask_evaluates_to_the_same_metrics_on_both_workers(published_and_evaluated, cluster):
     version, out = published_and_evaluated
     for engine, (_, _, ev) in out.items():
-        assert len(ev) == 8 and "privacy_utility_report" in ev, ev
+        assert len(ev) == 9 and {"privacy_utility_report", "unseen_tasks_eval"} <= set(ev), ev
         assert_ran_in(ev, engine, cluster)
     assert len(set(out["dask"][2].values())) == 2, f"the evaluation did not use both workers: {out['dask'][2]}"
     a, b = out["multiprocess"][0], out["dask"][0]

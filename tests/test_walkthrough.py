@@ -76,7 +76,7 @@ def test_readme_walkthrough(tiny_bench, tiny_videomae, tmp_path, capsys, monkeyp
     assert curve[0] == 0, curve[2]
     assert "| keep k=14 + recentre |" in curve[1] and "reports/keep_family.json" in curve[1]
     assert "warning: check keep_width_matches_curve failed: no width of [8, 11, 14, 17, 20, 24] passes" in curve[1]
-    assert re.search(r"warning: check utility_retention failed: ar_top1 \(seen\): keeps [0-9.]+ \[[-0-9., ]+\] of raw's "
+    assert re.search(r"warning: check utility_retention failed: ar_top1 \(seen\): keeps -?[0-9.]+ \[[-0-9., ]+\] of raw's "
                      r"above-chance utility < 1e\+09", evaluate), evaluate
 
     rows = [line.split() for line in by_cmd["sql"][1].splitlines()[2:-1]]

@@ -43,7 +43,7 @@ Videos = Sequence[VideoFeatures]
 N_SEEDS = 5
 
 
-def _all_clips(videos: Videos) -> np.ndarray:
+def all_clips(videos: Videos) -> np.ndarray:
     return np.concatenate([v.feats for v in videos])              # (sum n_clips, D)
 
 
@@ -116,8 +116,8 @@ def _ar_probs(train: Videos, test: Videos, classes: list[str], seeds: list[int],
               n_test_clips: int) -> np.ndarray:
     """(S, N_test, C) test-video probabilities of the AR probe for each seed."""
     index = {c: i for i, c in enumerate(classes)}
-    std = Standardiser(_all_clips(train))
-    x = torch.from_numpy(std(_all_clips(train)))
+    std = Standardiser(all_clips(train))
+    x = torch.from_numpy(std(all_clips(train)))
     y = torch.tensor([index[v.meta["action"]] for v in train for _ in range(len(v.feats))])
     w = torch.tensor([1.0 / len(v.feats) for v in train for _ in range(len(v.feats))], dtype=torch.float64)
     sel = [torch.from_numpy(std(v.feats[eval_clip_indices(len(v.feats), n_test_clips)])).to(torch.float64)
@@ -197,8 +197,8 @@ def anomaly_detection(train: Videos, test: Videos, seeds: Sequence[int] = seeds_
     """Clip-level logistic scorer on video labels (weak supervision), frame-level ROC AUC."""
     labels = [v.meta.get("anomaly") for v in train]
     assert set(labels) == {0, 1}, f"anomaly_detection: train needs normal and anomalous videos, got {set(labels)}"
-    std = Standardiser(_all_clips(train))
-    x = torch.from_numpy(std(_all_clips(train)))
+    std = Standardiser(all_clips(train))
+    x = torch.from_numpy(std(all_clips(train)))
     y = torch.tensor([lab for v, lab in zip(train, labels) for _ in range(len(v.feats))])
     # every video weighs the same, and both classes weigh the same in total
     n_pos = sum(labels)
@@ -272,7 +272,7 @@ def temporal_detection_head(train: Videos, test: Videos, classes: Sequence[str],
     from ..heads import TADHead, pad_sequences, stack_tad_targets, tad_decode, tad_loss, tad_targets
 
     classes = list(classes)
-    std = Standardiser(_all_clips(train))
+    std = Standardiser(all_clips(train))
     x, mask = pad_sequences([torch.from_numpy(std(v.feats)) for v in train])
     tgt = stack_tad_targets([tad_targets(v, classes) for v in train], x.shape[1])
     xt, mt = pad_sequences([torch.from_numpy(std(v.feats)) for v in test])
@@ -351,10 +351,10 @@ def _attr_labels(videos: Videos, attributes: Sequence[str]) -> np.ndarray:
 
 def attack_data(train: Videos, test: Videos, attributes: Sequence[str]) -> A.AttackData:
     y_train, y_test = _attr_labels(train, attributes), _attr_labels(test, attributes)
-    return A.AttackData(x=np.asarray(_all_clips(train), np.float32),
+    return A.AttackData(x=np.asarray(all_clips(train), np.float32),
                         y=np.repeat(y_train, [len(v.feats) for v in train], axis=0),
                         train_starts=np.cumsum([0] + [len(v.feats) for v in train[:-1]]), y_train=y_train,
-                        xt=np.asarray(_all_clips(test), np.float32),
+                        xt=np.asarray(all_clips(test), np.float32),
                         starts=np.cumsum([0] + [len(v.feats) for v in test[:-1]]),
                         n_clips=np.array([len(v.feats) for v in test])[:, None], y_test=y_test)
 
@@ -556,7 +556,7 @@ def temporal_detection(train: Videos, test: Videos, classes: Sequence[str], seed
     detections are the runs of clips above each of 9 probability thresholds, scored by mean probability,
     soft-NMS per class. mAP over tIoUs; chance = the detections scored against other videos' ground truth."""
     classes = list(classes)
-    std = Standardiser(_all_clips(train))
+    std = Standardiser(all_clips(train))
     x = torch.from_numpy(np.concatenate([_context(std(v.feats), context) for v in train]))
     y = torch.from_numpy(np.concatenate([clip_classes(v, classes) for v in train]))
     w = torch.ones(len(y), dtype=torch.float64)

@@ -94,8 +94,8 @@ def anomaly_detection_mlp(train: P.Videos, test: P.Videos, seeds: Sequence[int] 
     scored, frame-level ROC AUC."""
     labels = [v.meta.get("anomaly") for v in train]
     assert set(labels) == {0, 1}, f"anomaly_detection_mlp: train needs normal and anomalous videos, got {set(labels)}"
-    std = Standardiser(P._all_clips(train))
-    X = torch.from_numpy(std(P._all_clips(train)))                                 # (N, D)
+    std = Standardiser(P.all_clips(train))
+    X = torch.from_numpy(std(P.all_clips(train)))                                 # (N, D)
     y = torch.tensor([lab for v, lab in zip(train, labels) for _ in range(len(v.feats))], dtype=torch.float32)
     n_pos = sum(labels)
     cw = {1: 0.5 / n_pos, 0: 0.5 / (len(labels) - n_pos)}
