@@ -214,8 +214,9 @@ def fit_description(summary: dict, dim: int) -> str:
     width = f"keep fit, k = {keep['k']} of {dim} directions" if keep else "fit"
     if keep and keep.get("recentre"):
         rc = keep["recentre"]
-        what = "class" if rc.get("on", "classes") == "classes" else "cluster"  # records before 'on' recentred on classes
-        width += f", each video recentred on its expected {what} among {rc['classes']}"
+        on = rc.get("on", "classes")  # records before 'on' recentred on classes
+        width += (f", each video recentred on its expected class among {rc['classes']}" if on == "classes" else
+                  f", each video recentred on its clips' expected clusters among {rc['classes']}")
     if not summary["history"]:
         return f"closed-form {width}, no training loop"
     trained = f"{summary['parameters']} parameters trained, selected epoch {summary['selected_epoch']}"

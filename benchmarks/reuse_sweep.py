@@ -14,6 +14,8 @@ scored videos, raw's strongest judging). Members (all share the keep fit of thei
     app r           class recentring confined to the r directions along which a video's kept mean follows its own
                     static clips (appearance, label-free): the rest of the mean (what unseen tasks read) stays
     codebook C app r  both
+    clipwise C      k-means of the pool's kept clips; each clip's expected centroid, the video moved by the mean of
+                    its clips' offsets (a video of several activities keeps its mix)
 """
 from __future__ import annotations
 
@@ -47,6 +49,21 @@ def recentre_map(rfit, u=None):
     return f
 
 
+def clipwise_map(rfit, temperature=1.0):
+    """Per-video map on kept clips: each CLIP's expected centroid, and the video moved by the mean of its clips'
+    offsets to them. A long video of several activities keeps its mix (each clip is matched on its own) while the
+    offset every clip shares (who is in it) goes."""
+    def f(z):
+        d = z[:, None, :] - rfit.centroids[None]                                  # (T, C, k)
+        q = np.einsum("tck,kl,tcl->tc", d, rfit.precision, d)                      # (T, C)
+        w = np.exp(-0.5 * (q - q.min(1, keepdims=True)) / temperature)
+        w /= w.sum(1, keepdims=True)
+        s = np.minimum(1.0, float(rfit.gate) / np.maximum(q.min(1), 1e-12))        # (T,)
+        off = (s[:, None] * (w @ rfit.centroids - z)).mean(0)                      # (k,)
+        return (z + off).astype(np.float32)
+    return f
+
+
 def appearance_directions(data, fit) -> np.ndarray:
     """(k, k) orthonormal directions, most appearance-driven first: the kept video means regressed on the kept
     means of the same videos' static clips (ridge), and the principal directions of what that regression explains.
@@ -65,7 +82,8 @@ def appearance_directions(data, fit) -> np.ndarray:
     return v[:, order], share, float(r2)
 
 
-def members_of(inp, tasks, k, codebooks, ranks, seed=0, pool_all=False, quantiles=()):
+def members_of(inp, tasks, k, codebooks, ranks, seed=0, pool_all=False, quantiles=(), clip_codebooks=(),
+               temperatures=(1.0,)):
     from sklearn.cluster import KMeans
 
     d = inp.data
@@ -96,6 +114,14 @@ def members_of(inp, tasks, k, codebooks, ranks, seed=0, pool_all=False, quantile
             out[f"codebook {c} q{qt:g}"] = lambda f, m=recentre_map(cq): m(keep(f))
         for r in ranks:
             out[f"codebook {c} app {r}"] = lambda f, m=recentre_map(cf, dirs[:, :r]): m(keep(f))
+    pc = np.concatenate([keep(v.feats) for v in pool])                              # (N, k) kept clips
+    for c in clip_codebooks:
+        lab = KMeans(c, n_init=4, random_state=seed).fit_predict(pc).astype(str)
+        for qt in dict.fromkeys([inp.cfg.recentre_quantile, *quantiles]):
+            cf = fit_recentre(pc, lab, qt)
+            for t in temperatures:
+                out[f"clipwise {c} q{qt:g}" + (f" t{t:g}" if t != 1 else "")] = \
+                    lambda f, m=clipwise_map(cf, t): m(keep(f))
     return out, info
 
 
@@ -110,6 +136,10 @@ def main():
     ap.add_argument("--split", default="val")
     ap.add_argument("--pool-all", action="store_true", help="codebooks on every training video (unlabelled), not "
                     "only the fitted tasks' videos")
+    ap.add_argument("--clip-codebooks", type=int, nargs="*", default=[],
+                    help="clipwise members: k-means of the pool's kept CLIPS, each clip matched on its own")
+    ap.add_argument("--temperatures", type=float, nargs="*", default=[1.0],
+                    help="clipwise members: posterior temperatures (> 1: softer matching)")
     ap.add_argument("--quantiles", type=float, nargs="*", default=[], help="codebooks' gate quantiles beside the config's")
     ap.add_argument("--members", nargs="*", help="only these member names (default: all)")
     ap.add_argument("--pca", action="store_true", help="score the same-width PCA beside")
@@ -121,7 +151,8 @@ def main():
     for fit_tasks in args.fits:
         tasks = tuple(t for t in fit_tasks.split(",") if t and t in inp.cfg.tasks)
         maps, info = members_of(inp, tasks, args.k, args.codebooks, args.ranks, pool_all=args.pool_all,
-                                quantiles=args.quantiles)
+                                quantiles=args.quantiles, clip_codebooks=args.clip_codebooks,
+                                temperatures=args.temperatures)
         maps = {n: f for n, f in maps.items() if not args.members or n in args.members}
         print(json.dumps({"fit": list(tasks), **info}), flush=True)
         for name, fn in maps.items():

@@ -9,7 +9,7 @@ every change paired with raw on the same seeds and resamples).
     job `ablations`    both; pipeline/runner.py `run_ablations()` runs them in-process (`splavu ablations`)
 
 Variants (each a delta on the base AAM config, assets.aam.AAMTrainingConfig's defaults unless configured):
-the keep family (default: keep k = 14 + recentring on clusters; no_recentre = keep k = 14 alone, the default before
+the keep family (default: keep k = 11 + recentring on clusters of clips; no_recentre = keep k = 11 alone, the default before
 issue 29; recentre_classes = recentring on the trained classes, the default of issue 29;
 keep_k8/24/32, keep_no_motion, keep_unshrunk, keep_dynamic, keep_learned, keep_after_erasure) beside
 previous_default and the paper's objective; tasks seen in training, every single task and pair (tasks_ar ..
@@ -80,7 +80,7 @@ VARIANTS: dict[str, dict] = {
     **{f"wlc_{w}": _previous(w_lc=float(w)) for w in (0, 1, 10, 100, 1000)},
 }
 GROUPS: dict[str, list[str]] = {
-    "The keep family (default: keep k = 14, closed form) beside the previous default and the paper's objective": [
+    "The keep family (default: keep k = 11, closed form) beside the previous default and the paper's objective": [
         "default", "no_recentre", "recentre_classes", "keep_k8", "keep_k24", "keep_k32", "keep_no_motion",
         "keep_unshrunk", "keep_dynamic", "keep_learned",
         "keep_after_erasure",

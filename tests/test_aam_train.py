@@ -175,8 +175,8 @@ def test_asset_trains_from_cached_latents_only(tiny_store, tmp_path):
     assert {"ar_loss", "lc_loss", "pair_matching_static_static_after", "train_seconds"} <= set(md["floats"])
     assert [r["pairs"] for r in md["pm_table"]] == ["static↔static", "static↔action"] and md["path_type"] == "PathMetadataValue"
     assert md["png"].startswith("![loss curves](data:image/png;base64,")
-    assert re.fullmatch(r"keep fit, k = 14 of \d+ directions, each video recentred on its expected cluster among \d+, "
-                        r"then \d+ parameters trained, selected epoch [12]", md["fit"]), md["fit"]
+    assert re.fullmatch(r"keep fit, k = 11 of \d+ directions, each video recentred on its clips' expected "
+                        r"clusters among \d+, then \d+ parameters trained, selected epoch [12]", md["fit"]), md["fit"]
     d = copy / "aam" / md["version"]
     assert (d / "adapter.safetensors").is_file() and (d / "loss_curves.png").read_bytes()[:4] == b"\x89PNG"
     adapter, cfg, meta = load_adapter(d)
@@ -200,17 +200,17 @@ def test_closed_form_asset_shows_its_fit_not_empty_losses(tiny_store, tmp_path):
                          run_config={"ops": {"aam_model": {"config": {"diagnose_steps": 50}}}})
     md = res.asset_materializations_for_node("aam_model")[0].metadata
     dim = md["input_width"].value
-    assert re.fullmatch(rf"closed-form keep fit, k = 14 of {dim} directions, each video recentred on its expected "
-                        r"cluster among \d+, no training loop", md["fit"].value), md["fit"].value
+    assert re.fullmatch(rf"closed-form keep fit, k = 11 of {dim} directions, each video recentred on its clips' "
+                        r"expected clusters among \d+, no training loop", md["fit"].value), md["fit"].value
     assert not {"final_losses", "loss_curves", "loss_curves_path", "selected_epoch", "parameters", "train_seconds",
                 "lc_loss"} & set(md)
     assert isinstance(md["fit_seconds"], dg.FloatMetadataValue) and md["fit_seconds"].value > 0
-    assert md["published_width"].value == 14 and md["keep_tasks"].value == "ar, tad, ad"
+    assert md["published_width"].value == 11 and md["keep_tasks"].value == "ar, tad, ad"
     spectrum = [r.data for r in md["keep_spectrum"].records]
-    assert [r["kept"] for r in spectrum] == [True] * 14 + [False] * 15  # k kept, then the k + 1 largest dropped
+    assert [r["kept"] for r in spectrum] == [True] * 11 + [False] * 12  # k kept, then the k + 1 largest dropped
     ratios = [r["utility_ratio"] for r in spectrum]
     assert ratios == sorted(ratios, reverse=True)
-    assert md["keep_smallest_kept_ratio"].value == ratios[13] and md["keep_largest_dropped_ratio"].value == ratios[14]
+    assert md["keep_smallest_kept_ratio"].value == ratios[10] and md["keep_largest_dropped_ratio"].value == ratios[11]
     pm = {r.data["pairs"]: r.data for r in md["pair_matching"].records}
     assert set(pm) == {"static↔static", "static↔action"}
     assert md["pair_matching_static_static_raw"].value > md["pair_matching_chance"].value  # measured, not a stub
@@ -245,11 +245,11 @@ def test_default_adapter_fit_reads_no_static_clip_beyond_the_diagnostics(tiny_st
 FLAT_RECORD = {
     "tasks": ("ar", "tad", "ad"), "w_lc": 1.0, "w_ar": 1.0, "w_tad": 1.0, "w_ad": 1.0, "w_b": 1.0, "temperature": 0.1,
     "lr": 1e-3, "head_lr": 1e-3, "epochs": 30, "batch": 128, "pretrain_head_epochs": 30, "seed": 0,
-    "selection": "val_ar", "adapter": {"keep": 14, "layers": 0, "mixer": "mlp", "recentre": True},
+    "selection": "val_ar", "adapter": {"keep": 11, "layers": 0, "mixer": "mlp", "recentre": True},
     "privacy": "critic", "pairs": "both", "critic_steps": 2, "critic_hidden": 256, "critic_lr": 1e-3,
     "erase_fraction": 0.0, "erase_w_action": 1.0, "erase_w_temporal": 0.0, "keep_w_motion": 1.0, "keep_w_app": 0.0,
     "keep_tad_phases": 3, "keep_w_dynamic": 0.0, "keep_ridge": 0.3, "recentre_quantile": 0.95,
-    "recentre_on": "clusters", "recentre_cluster_videos": 30,
+    "recentre_on": "clips", "recentre_cluster_clips": 50,
     "heldout_fraction": 0.2, "diagnose_points": 4, "diagnose_steps": 300, "oracle": False}
 
 

@@ -406,7 +406,7 @@ def test_ablation_partitions_write_rows_and_report(tiny_store, tmp_path):
     b = json.loads((d / "variants" / "tasks_all.json").read_text())
     assert a["reused"] is False and b["reused"] is True  # same training config: trained once
     assert a["train_config"]["epochs"] == 2 and SMALL_ADAPTER.items() <= a["train_config"]["adapter"].items()
-    assert a["train_config"]["adapter"]["keep"] == 14 and a["train_config"]["adapter"]["recentre"]  # the default: keep + recentre
+    assert a["train_config"]["adapter"]["keep"] == 11 and a["train_config"]["adapter"]["recentre"]  # the default: keep + recentre
     assert a["row"]["name"] == "default" and set(suite.REPORT_KEYS) | set(suite.DERIVED_KEYS) <= set(a["row"])
     # scored with intervals (5 probe seeds + bootstrap), every change paired with raw
     assert {r["n_seeds"] for r in a["metric_rows"] if r["task"] not in ("gait", "reid")} == {5} and all(
@@ -444,8 +444,8 @@ def test_variant_configs():
     assert base.variant_train_config("tasks_tad").tasks == ("tad",)
     assert base.variant_train_config("wlc_1000").loop.w_lc == 1000.0 and base.variant_train_config("wlc_1000").loop.epochs == 5
     assert base.variant_train_config("loss_all").loop.w_lc == 10.0
-    assert base.variant_train_config("default").adapter["keep"] == 14 and base.variant_train_config("default").adapter["recentre"]
-    assert base.variant_train_config("no_recentre").adapter == {"keep": 14, "layers": 0, "mixer": "mlp", "recentre": False}
+    assert base.variant_train_config("default").adapter["keep"] == 11 and base.variant_train_config("default").adapter["recentre"]
+    assert base.variant_train_config("no_recentre").adapter == {"keep": 11, "layers": 0, "mixer": "mlp", "recentre": False}
     prev = base.variant_train_config("previous_default")  # erasure of half the dims + 2 MLP blocks + critic
     assert prev.adapter["keep"] == 0 and prev.adapter["layers"] == 2 and prev.erasure.erase_fraction == 0.5
     base = AblationConfig(epochs=5, erase_rank=12, layers=2, heads=4)

@@ -110,7 +110,7 @@ def test_recentring_replaces_who_in_a_videos_mean_and_keeps_its_motion():
     assert np.abs(apply_recentre(fit, novel).mean(0) - novel.mean(0)).max() < 0.05 * 30
 
 
-@pytest.mark.parametrize("on", ["clusters", "classes"])
+@pytest.mark.parametrize("on", ["clips", "classes"])
 def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store, on):
     """The adapter aam_model trains (torch) and the keep curve's member (numpy) give the same rows, and a video's
     rows do not depend on the other videos of its batch; on either kind of centroid."""
@@ -123,9 +123,10 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store, 
     store = FeatureStore(tiny_store)
     data = load_training_data(store, ad=None)
     cfg = TrainConfig.from_flat({**KEEP, "tasks": ("ar", "tad"), "adapter": {**KEEP["adapter"], "recentre": True},
-                                 "recentre_on": on, "recentre_cluster_videos": 4})
+                                 "recentre_on": on, "recentre_cluster_clips": 16})
     adapter, acfg, summary = train_aam(data, cfg, log=None)
-    want = len(data.classes) if on == "classes" else (len(data.ar_train) + len(data.tad_train)) // 4
+    clips = sum(len(v.feats) for v in data.ar_train + data.tad_train)
+    want = len(data.classes) if on == "classes" else clips // 16
     assert acfg.recentre and acfg.classes == want == n_centroids(data, cfg.tasks, cfg)
     assert summary["keep"]["recentre"]["classes"] == acfg.classes and summary["keep"]["recentre"]["on"] == on
     maps = fit_closed_form(data, cfg.tasks, 4, cfg)
@@ -141,9 +142,10 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store, 
     with torch.no_grad():
         lone = adapter(torch.from_numpy(videos[3].feats)).numpy()
     assert len(videos[3].feats) > 1 and not np.allclose(lone, alone, atol=1e-3)
-    if on == "clusters":  # no task's classes: a store that trains TAD alone recentres too
+    if on == "clips":  # no task's classes: a store that trains TAD alone recentres too
+        assert acfg.recentre_clips
         _, acfg, _ = train_aam(data, cfg.replace(tasks=("tad",), selection="last"), log=None)
-        assert acfg.recentre and acfg.classes == max(2, len(data.tad_train) // 4)
+        assert acfg.recentre and acfg.classes == max(2, sum(len(v.feats) for v in data.tad_train) // 16)
         return
     # AD trained too: its training videos' labels (normal / anomalous) are two more centroids; without task 'ar'
     # there are none: the adapter says so and publishes keep alone
@@ -163,7 +165,7 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store, 
 
 @pytest.mark.parametrize("adapter,extra", [
     ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0}, {}),
-    ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0, "recentre": True}, {"recentre_cluster_videos": 4}),
+    ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0, "recentre": True}, {"recentre_cluster_clips": 16}),
     ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0, "recentre": True}, {"recentre_on": "classes"}),
     ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0}, {"keep_w_dynamic": 1.0, "keep_w_app": 1.0}),
     ({"keep": 4, "layers": 1, "mixer": "mlp", "hidden": 16, "erase_rank": 4}, {})])
@@ -303,16 +305,16 @@ def test_the_demos_curve_takes_raw_and_the_default_from_the_gates_of_the_same_pr
     runs, real = [], scoring.run_task
     monkeypatch.setattr(scoring, "run_task", lambda task, videos, *a: runs.append((task, videos[0].feats.shape[1]))
                         or real(task, videos, *a))
-    reused, _ = kc.keep_curve(fs, [10, 14], range(2), reuse_gates_of=version)
-    assert reused["reused"] == {"version": version, "member": "keep k=14 + recentre",
+    reused, _ = kc.keep_curve(fs, [10, 11], range(2), reuse_gates_of=version)
+    assert reused["reused"] == {"version": version, "member": "keep k=11 + recentre",
                                 "raw_tasks": sorted(measure["scored_videos"])}
     measured = set(measure["scored_videos"])
     raw_dim = fs.committed("ar-000")["dim"]
-    assert not {t for t, d in runs if d in (raw_dim, 14)} & measured  # neither raw nor k = 14 scored again there
+    assert not {t for t, d in runs if d in (raw_dim, 11)} & measured  # neither raw nor k = 11 scored again there
     assert measured <= {t for t, d in runs if d == 10}  # k = 10 is scored, paired with the gates' raw
-    k14 = reused["members"][1]
+    k11 = reused["members"][1]
     part = measure["privacy"]["closeups"]
-    assert k14["privacy"] == [round(part[k], 4) for k in ("leakage_removed", "leakage_removed_ci_low",
+    assert k11["privacy"] == [round(part[k], 4) for k in ("leakage_removed", "leakage_removed_ci_low",
                                                              "leakage_removed_ci_high")]
 
     runs.clear()
@@ -329,14 +331,14 @@ def test_the_demos_curve_takes_raw_and_the_default_from_the_gates_of_the_same_pr
 
 
 def test_recentring_clusters_read_no_label(tiny_store):
-    """The clusters' centroids come from the pool's kept means alone: relabelling every training video (actions,
-    segments, anomaly labels) changes neither the centroids nor which video belongs to which."""
+    """The clusters come from the pool's kept clips alone: relabelling every training video (actions, segments,
+    anomaly labels) changes neither the clips clustered nor which cluster each belongs to."""
     import dataclasses
 
     from splavu_core.aam.train import TrainConfig, load_training_data, recentre_targets
 
     data = load_training_data(FeatureStore(tiny_store))
-    cfg = TrainConfig.from_flat({"recentre_cluster_videos": 4})
+    cfg = TrainConfig.from_flat({"recentre_cluster_clips": 16})
     rng = np.random.default_rng(0)
     proj = rng.standard_normal((data.dim, 4)).astype(np.float32)
     publish = lambda x: x @ proj  # noqa: E731  a fixed map: the keep fit (which reads utility labels) is not under test
@@ -349,4 +351,4 @@ def test_recentring_clusters_read_no_label(tiny_store):
                                 ad_train=relabel(data.ad_train))
     means2, labels2 = recentre_targets(other, ("ar", "tad", "ad"), cfg, publish)
     np.testing.assert_array_equal(means, means2)
-    assert labels == labels2 and len(set(labels)) == len(means) // 4 >= 2
+    assert labels == labels2 and len(set(labels)) == len(means) // 16 >= 2

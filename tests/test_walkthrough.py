@@ -61,8 +61,8 @@ def test_readme_walkthrough(tiny_bench, tiny_videomae, tmp_path, capsys, monkeyp
     train_line = by_cmd["train"][1].splitlines()[0]
     assert train_line.startswith("training on ar (kitchen_actions); without tad, ad")
     # the closed-form default says what it fitted, not "0 parameters, selected epoch 0"
-    assert re.search(rf"AAM {version}: closed-form keep fit, k = 14 of \d+ directions, each video recentred on its "
-                     r"expected cluster among \d+, no training loop, \d+ s",
+    assert re.search(rf"AAM {version}: closed-form keep fit, k = 11 of \d+ directions, each video recentred on its "
+                     r"clips' expected clusters among \d+, no training loop, \d+ s",
                      by_cmd["train"][1])
     assert "not made current" in by_cmd["publish"][1] or "none" in by_cmd["publish"][1]
     evaluate = by_cmd["evaluate"][1]
@@ -74,7 +74,7 @@ def test_readme_walkthrough(tiny_bench, tiny_videomae, tmp_path, capsys, monkeyp
     assert "gate privacy budget: FAILED on validation" in by_cmd["publish"][1]
     curve = by_cmd["curve"]
     assert curve[0] == 0, curve[2]
-    assert "| keep k=14 + recentre |" in curve[1] and "reports/keep_family.json" in curve[1]
+    assert "| keep k=11 + recentre |" in curve[1] and "reports/keep_family.json" in curve[1]
     assert "warning: check keep_width_matches_curve failed: no width of [8, 11, 14, 17, 20, 24] passes" in curve[1]
     assert re.search(r"warning: check utility_retention failed: ar_top1 \(seen\): keeps -?[0-9.]+ \[[-0-9., ]+\] of raw's "
                      r"above-chance utility < 1e\+09", evaluate), evaluate

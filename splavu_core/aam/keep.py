@@ -144,11 +144,13 @@ def apply_keep(fit: KeepFit, x: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- recentring: who leaves with the video's mean
 # In the kept space a video's clips share an offset that carries both what the video shows and who is in it, and
 # a fresh non-linear attacker reads the second from it. Recentring replaces each video's kept mean with a mixture
-# of centroids of training videos, weighted by the video's posterior under a shared-covariance Gaussian model (LDA
-# on training video means): each centroid averages many people, so the offset that says who leaves. The centroids
-# (train.recentre_targets) are k-means clusters of the fitted tasks' training videos by default, which reads no
-# label, or the trained classes (the AR actions and, when AD is trained, normal / anomalous AD videos), which
-# writes the fit's own prediction over every video-level signal it had no label for (unseen AD fell to chance).
+# of centroids, weighted by a posterior under a shared-covariance Gaussian model: each centroid averages many
+# people, so the offset that says who leaves. By default (train.recentre_targets, per_clip) the centroids are
+# k-means clusters of the fitted tasks' training CLIPS, which reads no label, each clip is matched on its own and
+# the video moves by the mean of its clips' offsets: a long video of several activities keeps its mix, and only
+# the offset all its clips share (who is in it) goes. Else they are the trained classes (the AR actions and, when
+# AD is trained, normal / anomalous AD videos) matched on the video's mean, which writes the fit's own prediction
+# over every video-level signal it had no label for (unseen AD fell to chance).
 # The within-video deviations (motion, phases: what TAD and AD need) stay. A video far from every centroid (judged
 # against the training videos' own distances) is moved proportionally less, so what the training videos never
 # showed keeps most of its own mean. Never reads a private attribute.
@@ -158,11 +160,13 @@ class RecentreFit:
     centroids: np.ndarray    # (C, k) training classes' mean kept video means
     precision: np.ndarray    # (k, k) inverse within-class covariance of kept video means (shrunk)
     gate: np.ndarray         # () squared Mahalanobis distance past which a video is moved less (a training quantile)
+    per_clip: bool = False   # centroids of clips: each clip matched on its own (apply_recentre)
 
 
-def fit_recentre(means: np.ndarray, labels: Sequence[str], quantile: float, shrink: float = 1e-3) -> RecentreFit:
-    """means: (V, k) kept video means of the labelled training videos; labels: (V,) their class; quantile:
-    TrainConfig.recentre_quantile."""
+def fit_recentre(means: np.ndarray, labels: Sequence[str], quantile: float, shrink: float = 1e-3,
+                 per_clip: bool = False) -> RecentreFit:
+    """means: (V, k) kept video means of the training videos (per_clip: their kept clips); labels: (V,) their class
+    or cluster; quantile: TrainConfig.recentre_quantile."""
     labels = np.asarray(labels)
     classes = np.unique(labels)
     assert len(classes) >= 2, f"recentring needs >= 2 classes, got {classes.tolist()}"
@@ -174,12 +178,20 @@ def fit_recentre(means: np.ndarray, labels: Sequence[str], quantile: float, shri
     prec = np.linalg.inv(cov)
     d2 = np.einsum("vk,kl,vl->v", within, prec, within)
     return RecentreFit(centroids=cent.astype(np.float32), precision=prec.astype(np.float32),
-                       gate=np.asarray(np.quantile(d2, quantile), np.float32))
+                       gate=np.asarray(np.quantile(d2, quantile), np.float32), per_clip=per_clip)
 
 
 def apply_recentre(fit: RecentreFit, z: np.ndarray) -> np.ndarray:
-    """z: (T, k) the kept clips of ONE video -> (T, k), the video's mean replaced by its expected class centroid."""
+    """z: (T, k) the kept clips of ONE video -> (T, k), the video's mean replaced by its expected centroid; per_clip:
+    the video moved by the mean over its clips of each clip's offset to its own expected centroid."""
     z = np.asarray(z, np.float32)
+    if fit.per_clip:
+        d = z[:, None, :] - fit.centroids                                                 # (T, C, k)
+        q = np.einsum("tck,kl,tcl->tc", d, fit.precision, d)                              # (T, C)
+        w = np.exp(-0.5 * (q - q.min(1, keepdims=True)))
+        w /= w.sum(1, keepdims=True)
+        s = np.minimum(1.0, float(fit.gate) / np.maximum(q.min(1), 1e-12))                # (T,)
+        return (z + (s[:, None] * (w @ fit.centroids - z)).mean(0)).astype(np.float32)
     m = z.mean(0)                                                                         # (k,)
     d = m - fit.centroids                                                                 # (C, k)
     q = np.einsum("ck,kl,cl->c", d, fit.precision, d)                                     # (C,) squared distances

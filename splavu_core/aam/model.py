@@ -27,15 +27,15 @@ from einops import rearrange, repeat
 # Fields added after the first stored adapters, with the value those adapters had: a stored config omits
 # them at that value (to_dict), and reading fills them back (from_dict), so defaults below may change.
 FORMAT1_VALUES = {"erase_rank": 0, "oracle": False, "mixer": "attention", "hidden": 256, "keep": 0,
-                  "recentre": False, "classes": 0}
+                  "recentre": False, "classes": 0, "recentre_clips": False}
 
 
 # The adapter `aam_model` trains unless told otherwise (TrainConfig.adapter, the CLI, Dagster): the keep
-# family's closed form, k = 14 directions of what the tasks need, each video recentred on its expected centroid
-# (TrainConfig.recentre_on: k-means clusters of the training videos by default; docs/method.md: how k and
+# family's closed form, k = 11 directions of what the tasks need, each video recentred on its expected centroid
+# (TrainConfig.recentre_on: k-means clusters of the training clips by default; docs/method.md: how k and
 # recentring were chosen). AAMConfig's own defaults below are the paper's
 # architecture, for adapters built by hand.
-DEFAULT_ADAPTER = {"keep": 14, "layers": 0, "mixer": "mlp", "recentre": True}
+DEFAULT_ADAPTER = {"keep": 11, "layers": 0, "mixer": "mlp", "recentre": True}
 # The previous default (with TrainConfig erase_fraction 0.5: an erasure of half the dimensions, then 2 residual
 # MLP blocks trained with the learned critic), kept as a named variant
 PREVIOUS_DEFAULT_ADAPTER = {"keep": 0, "layers": 2, "mixer": "mlp", "hidden": 256, "recentre": False}
@@ -73,6 +73,9 @@ class AAMConfig:
     recentre: bool = documented(False, "replace each video's kept mean by its expected centroid (needs keep)")
     classes: int = documented(0, "C: centroids of the recentring stage (set by training, like dim)",
                               derived=True)
+    recentre_clips: bool = documented(False, "recentring matches each clip to the centroids and moves the video by "
+                                      "the mean of its clips' offsets; False: the video's mean is matched (set by "
+                                      "training from recentre_on)", derived=True)
 
     def __post_init__(self):
         for f in fields(self):
@@ -97,6 +100,8 @@ class AAMConfig:
             raise ValueError(f"AAMConfig.recentre needs keep > 0 and classes >= 2 (the training classes), "
                              f"got keep={self.keep}, classes={self.classes}; set recentre false for a full-width "
                              f"adapter")
+        if self.recentre_clips and not self.recentre:
+            raise ValueError("AAMConfig.recentre_clips without recentre: there is no recentring stage to match clips")
         if not self.recentre and self.classes:
             raise ValueError(f"AAMConfig.classes={self.classes} without recentre: nothing would read the centroids")
         if not 0 <= self.erase_rank < self.dim:
@@ -238,12 +243,13 @@ class Keep(nn.Module):
 
 
 class Recentre(nn.Module):
-    """Each video's kept mean replaced by its expected centroid (`aam.keep.fit_recentre`, frozen buffers): the
+    """Each video's kept mean moved to its expected centroid (`aam.keep.fit_recentre`, frozen buffers): the
     posterior-weighted mixture of the centroids (k-means clusters or trained classes) under a shared-covariance model,
     moved proportionally less past a training quantile of distances (classes nobody trained for). Per video."""
 
-    def __init__(self, k: int, classes: int):
+    def __init__(self, k: int, classes: int, per_clip: bool = False):
         super().__init__()
+        self.per_clip = per_clip
         self.register_buffer("centroids", torch.zeros(classes, k))  # (C, k)
         self.register_buffer("precision", torch.zeros(k, k))        # (k, k)
         self.register_buffer("gate", torch.zeros(()))               # squared distance
@@ -251,6 +257,13 @@ class Recentre(nn.Module):
     def forward(self, z: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         # z: (B, T, k); mask: (B, T) bool or None
         w_t = torch.ones(z.shape[:2], dtype=z.dtype) if mask is None else mask.to(z.dtype)
+        if self.per_clip:  # each clip matched on its own; the video moves by the mean of its clips' offsets
+            d = z[:, :, None, :] - self.centroids                                # (B, T, C, k)
+            q = torch.einsum("btck,kl,btcl->btc", d, self.precision, d)          # (B, T, C)
+            w = torch.softmax(-0.5 * q, dim=-1)                                  # (B, T, C)
+            scale = (self.gate / q.min(-1).values.clamp_min(1e-12)).clamp(max=1.0)  # (B, T)
+            off = scale[..., None] * (w @ self.centroids - z) * w_t[..., None]   # (B, T, k), padding out
+            return z + (off.sum(1) / w_t.sum(1, keepdim=True))[:, None, :]
         m = (z * w_t[..., None]).sum(1) / w_t.sum(1, keepdim=True)            # (B, k) mean of real clips
         d = m[:, None, :] - self.centroids                                    # (B, C, k)
         q = torch.einsum("bck,kl,bcl->bc", d, self.precision, d)              # (B, C)
@@ -274,7 +287,7 @@ class AnonymizingAdapter(nn.Module):
         S, C, W = cfg.sub_tokens, cfg.sub_dim, cfg.token_width
         self.erase = Erasure(cfg.dim, cfg.erase_rank) if cfg.erase_rank else None
         self.keep = Keep(cfg.dim, cfg.keep) if cfg.keep else None
-        self.recentre = Recentre(cfg.keep, cfg.classes) if cfg.recentre else None
+        self.recentre = Recentre(cfg.keep, cfg.classes, cfg.recentre_clips) if cfg.recentre else None
         if cfg.mixer == "mlp":  # one dense residual MLP per block on the whole vector: ~8x fewer MACs per clip
             self.mlps = nn.ModuleList(ClipMLP(cfg.out_dim, cfg.hidden) for _ in range(cfg.layers))
             return

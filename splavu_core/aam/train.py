@@ -30,7 +30,7 @@ from .losses import confusion, info_nce, nt_xent
 from .model import DEFAULT_ADAPTER, AAMConfig, AnonymizingAdapter, documented
 
 TASKS = ("ar", "tad", "ad")
-RECENTRE_ON = ("clusters", "classes")  # recentring's centroids: label-free k-means, or the trained utility classes
+RECENTRE_ON = ("clips", "classes")  # recentring's centroids: label-free k-means of clips, or the trained classes
 
 
 class TrainingDataError(ValueError):
@@ -109,12 +109,12 @@ class TrainConfig:
                                    "total")
     recentre_quantile: float = documented(0.95, "recentring (adapter recentre): videos farther from every centroid "
                                           "than this share of the training videos are moved less")
-    recentre_on: str = documented("clusters", "recentring's centroids: 'clusters' (k-means of the fitted tasks' "
-                                  "training videos, no label read: what no task labels stays) or 'classes' (the "
-                                  "trained actions and AD's normal / anomalous: unseen tasks lose their video-level "
-                                  "signal)")
-    recentre_cluster_videos: int = documented(30, "recentring on clusters: training videos per centroid (fewer: "
-                                              "finer centroids, more kept and less removed)")
+    recentre_on: str = documented("clips", "recentring's centroids: 'clips' (k-means of the fitted tasks' training "
+                                  "clips, each clip matched on its own, no label read) or 'classes' (the trained "
+                                  "actions and AD's normal / anomalous, matched on the video's mean: unseen tasks "
+                                  "lose their video-level signal)")
+    recentre_cluster_clips: int = documented(50, "recentring on clips: training clips per centroid (fewer: finer "
+                                             "centroids, more kept and less removed)")
     heldout_fraction: float = documented(0.2, "static-bearing training videos the diagnostics hold out (the "
                                          "erasure fit and the loop do not see them)")
     diagnose_steps: int = documented(300, "training steps of each fresh diagnostic critic")
@@ -208,8 +208,8 @@ def check_data(data: TrainingData, cfg: TrainConfig) -> None:
         problems.append(f"recentre_quantile must be in (0, 1], got {cfg.recentre_quantile}")
     if cfg.recentre_on not in RECENTRE_ON:
         problems.append(f"recentre_on must be one of {RECENTRE_ON}, got {cfg.recentre_on!r}")
-    if cfg.recentre_cluster_videos < 1:
-        problems.append(f"recentre_cluster_videos must be >= 1, got {cfg.recentre_cluster_videos}")
+    if cfg.recentre_cluster_clips < 1:
+        problems.append(f"recentre_cluster_clips must be >= 1, got {cfg.recentre_cluster_clips}")
     if data.static.ndim != 3 or len(data.static) < 2 or data.static.shape[1] < 2:
         problems.append(f"the privacy loss needs >= 2 static clips for >= 2 training videos; static latents have "
                         f"shape {tuple(data.static.shape)} (extract with static_k >= 2)")
@@ -355,7 +355,7 @@ def recentre_classes(data: TrainingData, tasks) -> tuple[list[VideoFeatures], li
 
 
 def recentre_pool(data: TrainingData, tasks) -> list[VideoFeatures]:
-    """The videos whose kept means the clusters are fitted on: the fitted tasks' training videos (every training
+    """The videos whose kept clips the clusters are fitted on: the fitted tasks' training videos (every training
     video when no task is fitted, as the keep fit's motion directions); read unlabelled."""
     train = {"ar": data.ar_train, "tad": data.tad_train, "ad": data.ad_train}
     return [v for t in tasks for v in train[t]] or [v for vs in train.values() for v in vs]
@@ -365,28 +365,28 @@ def n_centroids(data: TrainingData, tasks, cfg: TrainConfig) -> int:
     """How many centroids recentring will fit (0 or 1: none to recentre on), known before any fit."""
     if cfg.recentre_on == "classes":
         return len(set(recentre_classes(data, tasks)[1]))
-    pool = len(recentre_pool(data, tasks))
-    return min(pool, max(2, pool // cfg.recentre_cluster_videos))
+    clips = sum(len(v.feats) for v in recentre_pool(data, tasks))
+    return min(clips, max(2, clips // cfg.recentre_cluster_clips))
 
 
 def recentre_targets(data: TrainingData, tasks, cfg: TrainConfig, publish) -> tuple[np.ndarray, list[str]]:
-    """((V, k) kept means, (V,) centroid label) that fit_recentre reads; publish: (T, D) -> (T, k), the adapter
-    without recentring. 'classes': the utility classes (recentre_classes). 'clusters': k-means of the pool's kept
-    means (n_centroids of them, seeded by cfg.seed); no label of any kind is read."""
+    """((V, k) kept video means or (N, k) kept clips, their centroid label) that fit_recentre reads; publish: (T, D)
+    -> (T, k), the adapter without recentring. 'classes': the video means of the utility classes (recentre_classes).
+    'clips': k-means of the pool's kept clips (n_centroids of them, seeded by cfg.seed); no label of any kind."""
     from sklearn.cluster import KMeans
 
     if cfg.recentre_on == "classes":
         videos, labels = recentre_classes(data, tasks)
         return np.stack([publish(v.feats).mean(0) for v in videos]), labels
     pool = recentre_pool(data, tasks)
-    means = np.stack([publish(v.feats).mean(0) for v in pool]).astype(np.float64)      # (V, k)
+    clips = np.concatenate([publish(v.feats) for v in pool]).astype(np.float64)       # (N, k)
     c = n_centroids(data, tasks, cfg)
-    labels = KMeans(c, n_init=4, random_state=cfg.seed).fit_predict(means)
+    labels = KMeans(c, n_init=4, random_state=cfg.seed).fit_predict(clips)
     if len(set(labels)) != c:
-        raise TrainingDataError(f"recentring on clusters: k-means found {len(set(labels))} distinct clusters of "
-                                f"{c} asked for in {len(pool)} training videos (duplicate videos?); raise "
-                                f"recentre_cluster_videos")
-    return means, [f"c{i:04d}" for i in labels]
+        raise TrainingDataError(f"recentring on clips: k-means found {len(set(labels))} distinct clusters of {c} "
+                                f"asked for in {len(clips)} training clips (duplicate clips?); raise "
+                                f"recentre_cluster_clips")
+    return clips, [f"c{i:05d}" for i in labels]
 
 
 def fit_closed_form(data: TrainingData, tasks, k: int, cfg: TrainConfig) -> dict:
@@ -399,7 +399,7 @@ def fit_closed_form(data: TrainingData, tasks, k: int, cfg: TrainConfig) -> dict
     maps = {False: lambda f: apply_keep(fit, f)}
     if n_centroids(data, tasks, cfg) >= 2:
         means, labels = recentre_targets(data, tasks, cfg, lambda f: apply_keep(fit, f))
-        rfit = fit_recentre(means, labels, cfg.recentre_quantile)
+        rfit = fit_recentre(means, labels, cfg.recentre_quantile, per_clip=cfg.recentre_on == "clips")
         maps[True] = lambda f: apply_recentre(rfit, apply_keep(fit, f))
     return maps
 
@@ -429,7 +429,7 @@ def _fit_keep_into(adapter, data: TrainingData, cfg: TrainConfig, log) -> dict:
 
 def _fit_recentre_into(adapter, stage, data: TrainingData, cfg: TrainConfig, log) -> dict:
     """The recentring stage from its training videos' published means (the adapter without it) and their centroid
-    (recentre_targets: clusters, or utility classes); installed into the adapter."""
+    (recentre_targets: clusters of clips, or utility classes); installed into the adapter."""
     from .keep import fit_recentre
 
     def publish(x):
@@ -437,11 +437,11 @@ def _fit_recentre_into(adapter, stage, data: TrainingData, cfg: TrainConfig, log
             return adapter(torch.from_numpy(np.ascontiguousarray(x, np.float32))).numpy()
 
     means, labels = recentre_targets(data, cfg.tasks, cfg, publish)
-    fit = fit_recentre(means, labels, cfg.recentre_quantile)
+    fit = fit_recentre(means, labels, cfg.recentre_quantile, per_clip=cfg.recentre_on == "clips")
     _load_buffers(stage, centroids=fit.centroids, precision=fit.precision, gate=fit.gate)
     adapter.recentre = stage
     if log:
-        what = "k-means clusters of the training videos" if cfg.recentre_on == "clusters" else "trained classes"
+        what = "k-means clusters of the training clips" if cfg.recentre_on == "clips" else "trained classes"
         log(f"recentre: each video's kept mean -> its expected centroid among {len(fit.centroids)} {what} "
             f"(moved less past the {cfg.recentre_quantile:.0%} quantile of training distances, {float(fit.gate):.2f})")
     return {"classes": len(fit.centroids), "on": cfg.recentre_on, "quantile": cfg.recentre_quantile,
@@ -490,12 +490,13 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
         n_classes = n_centroids(data, cfg.tasks, cfg)               # the centroids fit_recentre will find
         if n_classes >= 2:
             adapter_kw["classes"] = n_classes                       # derived from the data, like dim
+            adapter_kw["recentre_clips"] = cfg.recentre_on == "clips"
         else:
             adapter_kw["recentre"] = False
             if log:
                 log("recentre: off (recentre_on 'classes' recentres on the trained actions' centroids; task 'ar' "
                     "is not trained)" if cfg.recentre_on == "classes" else
-                    "recentre: off (fewer than 2 training videos to cluster)")
+                    "recentre: off (fewer than 2 training clips to cluster)")
     acfg = AAMConfig(dim=data.dim, oracle=loop.oracle, **adapter_kw)
     adapter = AnonymizingAdapter(acfg)
     C, out = len(data.classes), acfg.out_dim                       # heads read the published width

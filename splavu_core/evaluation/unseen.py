@@ -33,7 +33,7 @@ def version_config(store: FeatureStore, version: str) -> TrainConfig:
     """The TrainConfig `version` was fitted with (adapter.json's train_config), as a TrainConfig."""
     meta = store.files.read_json(f"aam/{version}/adapter.json")
     tc = dict((meta.get("extra") or {}).get("train_config") or {})
-    if tc and "recentre_on" not in tc:  # recorded before recentring could be on clusters: it was on classes
+    if tc and "recentre_on" not in tc:  # recorded before recentring could be on clips: it was on classes
         tc["recentre_on"] = "classes"
     cfg = TrainConfig.from_flat({k: tuple(v) if k == "tasks" else v for k, v in tc.items()}) if tc else TrainConfig()
     return cfg.replace(adapter={**cfg.adapter, **{k: meta["config"][k] for k in ("keep", "recentre")
