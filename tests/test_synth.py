@@ -229,3 +229,29 @@ def test_videos_without_masks_have_the_same_bytes_and_masks_come_later(tiny_benc
     generate(tmp_path, "tiny", seed=0, workers=1, datasets=("tad",), benchmark="v1")
     assert (tmp_path / "tad" / vid).stat().st_mtime_ns == mtime
     assert np.array_equal(read_masks(mask_path(tmp_path / "tad" / vid)), read_masks(mask_path(root / "tad" / vid)))
+
+
+def test_evaluation_extras_leave_the_planned_videos_and_training_set_alone(monkeypatch):
+    """The demo's evaluation-only videos (ar/tad/ad_extra) come after every other video of their dataset, from a
+    generator and actors of their own: without them the same videos are planned, so the AAM's training set and its
+    fit do not change when the evaluation sets grow."""
+    from splavu_core.synth import datasets
+
+    with_extra = plan("demo", 0)
+    bare = {k: v for k, v in datasets.SCALES["demo"].items() if not k.endswith("_extra")}
+    monkeypatch.setitem(datasets.SCALES, "demo", bare)
+    without = plan("demo", 0)
+    for name in ("ar", "tad", "ad"):
+        n = len(without[name])
+        assert len(with_extra[name]) > n
+        assert [(p.video_id, p.split, p.n_frames, p.timeline, p.row) for p in with_extra[name][:n]] == \
+               [(p.video_id, p.split, p.n_frames, p.timeline, p.row) for p in without[name]]
+        extra = with_extra[name][n:]
+        assert {p.split for p in extra} == {"val", "test"} and not any(p.static for p in extra)
+    ar_extra = with_extra["ar"][len(without["ar"]):]
+    counts = {(p.split, p.row["action"]) for p in ar_extra}
+    for split in ("val", "test"):  # each action in turn: the grown splits stay balanced
+        per_action = [sum(p.split == split and p.row["action"] == a for p in ar_extra) for a in ACTIONS]
+        assert max(per_action) - min(per_action) <= 1 and (split, ACTIONS[0]) in counts
+    old_subjects = {p.row["subject_id"] for p in without["ar"]}
+    assert not old_subjects & {p.row["subject_id"] for p in ar_extra}  # new people, never train actors

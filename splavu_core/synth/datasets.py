@@ -35,11 +35,11 @@ STAMP = "benchmark.json"
 SCALES = {
     "tiny": dict(ar=(3, 1, 2), ar_actors=(12, 4, 8), privacy=(48, 32), tad=(6, 2, 4), ad=(6, 6),
                  bias=(3, 2), gait=(4, 2), tad_frames=(96, 128), ad_frames=(128, 160)),
-    # tad_extra / ad_extra: evaluation-only (val, test) videos added after the rest (_evaluation_extra), sized so a
-    # 10% loss of TAD utility shows beyond the noise of its retention interval (docs/benchmark.md)
+    # ar_extra / tad_extra / ad_extra: evaluation-only (val, test) videos added after the rest (_evaluation_extra),
+    # sized so a 10% loss of AR or TAD utility shows beyond the noise of its retention interval (docs/benchmark.md)
     "demo": dict(ar=(40, 10, 20), ar_actors=(80, 20, 40), privacy=(600, 300), tad=(80, 20, 40), ad=(80, 40),
                  bias=(30, 20), gait=(24, 4), tad_frames=(160, 224), ad_frames=(256, 384),
-                 tad_extra=(40, 80), ad_extra=(40, 40)),
+                 ar_extra=(300, 75), tad_extra=(100, 130), ad_extra=(40, 40)),
     "large": dict(ar=(120, 30, 60), ar_actors=(240, 60, 120), privacy=(1800, 900), tad=(240, 60, 120),
                   ad=(240, 120), bias=(90, 60), gait=(72, 4), tad_frames=(160, 224), ad_frames=(256, 384)),
 }
@@ -93,16 +93,21 @@ def _actor_pools(rng, sizes):
 
 def _plan_ar(name, cfg, rng, base):
     pools, plans = _actor_pools(rng, cfg["ar_actors"]), []
+
+    def one(rng, split, pool, i, action, subject):
+        a = int(rng.integers(len(pool)))
+        n = CLIP_LEN * int(rng.integers(2, 4))
+        return VideoPlan(name, f"{name}_{i:05d}", split, pool[a], [(action, 0, n)], n, _key(base, i),
+                         row={"action": action, "subject_id": f"{subject}_{a:03d}", **_attrs(pool[a])})
+
     for split, per_action in zip(("train", "val", "test"), cfg["ar"]):
         for action in cfg["actions"]:
             for _ in range(per_action):
-                a = int(rng.integers(len(pools[split])))
-                n = CLIP_LEN * int(rng.integers(2, 4))
-                i = len(plans)
-                plans.append(VideoPlan(name, f"{name}_{i:05d}", split, pools[split][a], [(action, 0, n)], n,
-                                       _key(base, i), row={"action": action, "subject_id": f"{split}_{a:03d}",
-                                            **_attrs(pools[split][a])}))
-    return plans
+                plans.append(one(rng, split, pools[split], len(plans), action, split))
+    actions = cfg["actions"]  # extras: actions in turn, so each split stays balanced; actors of their own ("x")
+    return _evaluation_extra("ar", cfg, base, plans,
+                             lambda rng, split, pool, i, j: one(rng, split, pool, i, actions[j % len(actions)],
+                                                                f"{split}x"), pools=(20, 20))
 
 
 def _plan_privacy(name, cfg, rng, base):
