@@ -13,7 +13,7 @@ import dagster as dg
 from pydantic import Field
 
 from assets.resources import StoreResource
-from splavu_core.evaluation.keep_curve import DEFAULT_KS, curve_markdown, keep_curve
+from splavu_core.evaluation.keep_curve import DEFAULT_KS, curve_markdown, keep_curve, why_no_width
 from splavu_core.evaluation.report import png_markdown
 from splavu_core.ledger import current_version
 from splavu_core.store import FeatureStore
@@ -71,8 +71,7 @@ def keep_width_matches_curve(context: dg.AssetCheckExecutionContext, store: Stor
     chosen, k = out.get("chosen_k"), published_k(feature_store, current)
     md = {"chosen_k": chosen or 0, "current_k": k or 0, "current_version": current or ""}
     if not chosen:
-        why = (f"no width of {[m['k'] for m in out['members']]} passes both gates' rules on validation (privacy "
-               f"budget {out['budget']:g} at the lower end, utility floor {out['floor']:g} at the upper end)")
+        why = why_no_width(out)
     elif k is None:
         why = (f"the curve picks k = {chosen}; " + (f"the current version {current} has no keep stage" if current
                                                    else "no version is current") + f": train with {{\"keep\": {chosen}}}")

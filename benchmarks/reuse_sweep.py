@@ -15,7 +15,8 @@ scored videos, raw's strongest judging). Members (all share the keep fit of thei
                     static clips (appearance, label-free): the rest of the mean (what unseen tasks read) stays
     codebook C app r  both
     clipwise C      k-means of the pool's kept clips; each clip's expected centroid, the video moved by the mean of
-                    its clips' offsets (a video of several activities keeps its mix)
+                    its clips' offsets (a video of several activities keeps its mix); C = 0: the config's count
+                    (the default's stage); --strengths a < 1: moved that share of the way (" a0.5")
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import time
 import numpy as np
 
 from splavu_core.aam.keep import apply_keep, fit_recentre
-from splavu_core.aam.train import fit_utility_keep, recentre_classes
+from splavu_core.aam.train import fit_utility_keep, n_centroids, recentre_classes
 from splavu_core.evaluation import trivial
 from splavu_core.evaluation.keep_curve import load_inputs, score_family
 from splavu_core.store import FeatureStore
@@ -49,17 +50,18 @@ def recentre_map(rfit, u=None):
     return f
 
 
-def clipwise_map(rfit, temperature=1.0):
+def clipwise_map(rfit, temperature=1.0, strength=1.0):
     """Per-video map on kept clips: each CLIP's expected centroid, and the video moved by the mean of its clips'
     offsets to them. A long video of several activities keeps its mix (each clip is matched on its own) while the
-    offset every clip shares (who is in it) goes."""
+    offset every clip shares (who is in it) goes. strength < 1 moves it that share of the way (the frontier between
+    keep alone, 0, and the full stage, 1)."""
     def f(z):
         d = z[:, None, :] - rfit.centroids[None]                                  # (T, C, k)
         q = np.einsum("tck,kl,tcl->tc", d, rfit.precision, d)                      # (T, C)
         w = np.exp(-0.5 * (q - q.min(1, keepdims=True)) / temperature)
         w /= w.sum(1, keepdims=True)
         s = np.minimum(1.0, float(rfit.gate) / np.maximum(q.min(1), 1e-12))        # (T,)
-        off = (s[:, None] * (w @ rfit.centroids - z)).mean(0)                      # (k,)
+        off = strength * (s[:, None] * (w @ rfit.centroids - z)).mean(0)           # (k,)
         return (z + off).astype(np.float32)
     return f
 
@@ -83,7 +85,7 @@ def appearance_directions(data, fit) -> np.ndarray:
 
 
 def members_of(inp, tasks, k, codebooks, ranks, seed=0, pool_all=False, quantiles=(), clip_codebooks=(),
-               temperatures=(1.0,)):
+               temperatures=(1.0,), strengths=(1.0,)):
     from sklearn.cluster import KMeans
 
     d = inp.data
@@ -116,12 +118,14 @@ def members_of(inp, tasks, k, codebooks, ranks, seed=0, pool_all=False, quantile
             out[f"codebook {c} app {r}"] = lambda f, m=recentre_map(cf, dirs[:, :r]): m(keep(f))
     pc = np.concatenate([keep(v.feats) for v in pool])                              # (N, k) kept clips
     for c in clip_codebooks:
+        c = c or n_centroids(d, tasks, inp.cfg)  # 0: as many as the config's recentring fits
         lab = KMeans(c, n_init=4, random_state=seed).fit_predict(pc).astype(str)
         for qt in dict.fromkeys([inp.cfg.recentre_quantile, *quantiles]):
             cf = fit_recentre(pc, lab, qt)
             for t in temperatures:
-                out[f"clipwise {c} q{qt:g}" + (f" t{t:g}" if t != 1 else "")] = \
-                    lambda f, m=clipwise_map(cf, t): m(keep(f))
+                for a in strengths:
+                    out[f"clipwise {c} q{qt:g}" + (f" t{t:g}" if t != 1 else "") + (f" a{a:g}" if a != 1 else "")] = \
+                        lambda f, m=clipwise_map(cf, t, a): m(keep(f))
     return out, info
 
 
@@ -140,6 +144,8 @@ def main():
                     help="clipwise members: k-means of the pool's kept CLIPS, each clip matched on its own")
     ap.add_argument("--temperatures", type=float, nargs="*", default=[1.0],
                     help="clipwise members: posterior temperatures (> 1: softer matching)")
+    ap.add_argument("--strengths", type=float, nargs="*", default=[1.0],
+                    help="clipwise members: the share of the way each video is moved (0: keep alone; 1: the stage)")
     ap.add_argument("--quantiles", type=float, nargs="*", default=[], help="codebooks' gate quantiles beside the config's")
     ap.add_argument("--members", nargs="*", help="only these member names (default: all)")
     ap.add_argument("--pca", action="store_true", help="score the same-width PCA beside")
@@ -152,7 +158,7 @@ def main():
         tasks = tuple(t for t in fit_tasks.split(",") if t and t in inp.cfg.tasks)
         maps, info = members_of(inp, tasks, args.k, args.codebooks, args.ranks, pool_all=args.pool_all,
                                 quantiles=args.quantiles, clip_codebooks=args.clip_codebooks,
-                                temperatures=args.temperatures)
+                                temperatures=args.temperatures, strengths=args.strengths)
         maps = {n: f for n, f in maps.items() if not args.members or n in args.members}
         print(json.dumps({"fit": list(tasks), **info}), flush=True)
         for name, fn in maps.items():

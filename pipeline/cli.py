@@ -439,9 +439,12 @@ def cmd_demo(args) -> int:
 def curve_verdict(md: dict, res) -> str:
     """One line: the width the curve picks, what the current version publishes, its check's verdict, where it is."""
     picks = f"the gates' rules pick k = {md['chosen_k']}" if md["chosen_k"] else "no width passes the gates' rules"
-    checks = [f"{c.check_name} {'passed' if c.passed else 'warns'}" for c in res.get_asset_check_evaluations()]
+    evals = res.get_asset_check_evaluations()
+    checks = [f"{c.check_name} {'passed' if c.passed else 'warns'}" for c in evals]
     current = f"the current version publishes k = {md['current_k']}" if md["current_k"] else "no version is current"
-    return f"{picks}; {current} ({', '.join(checks)}); {md['path']} (+ .png), in the UI under keep_family_curve"
+    why = [] if md["chosen_k"] else [c.description for c in evals if not c.passed and c.description]
+    return "\n  ".join([f"{picks}; {current} ({', '.join(checks)}); {md['path']} (+ .png), in the UI under "
+                        f"keep_family_curve"] + [line for d in why for line in d.splitlines()])
 
 
 def _install_seconds() -> float | None:

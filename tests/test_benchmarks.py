@@ -150,13 +150,17 @@ def test_anchor_sweep(store_copy, tiny_videomae):
 
 def test_reuse_sweep(store_copy):
     out = run_bench("reuse_sweep", "--store", store_copy, "--k", 4, "--seeds", 0, "--fits", "ar", "--codebooks", 2,
-                    "--ranks", 2, "--quantiles", 0.9, "--pca")
+                    "--ranks", 2, "--quantiles", 0.9, "--pca", "--clip-codebooks", 0, "--strengths", 0, 0.5)
     fits, members, summary = out[:1], out[1:-1], out[-1]
     assert fits[0]["fit"] == ["ar"] and 0 <= fits[0]["appearance_r2"] <= 1
-    assert [m["name"] for m in members] == ["keep | fit ar", "recentre | fit ar", "app 2 | fit ar",
-                                            "codebook 2 | fit ar", "codebook 2 q0.9 | fit ar",
-                                            "codebook 2 app 2 | fit ar", "pca_4"]
+    names = [m["name"] for m in members]
+    assert names[:6] == ["keep | fit ar", "recentre | fit ar", "app 2 | fit ar", "codebook 2 | fit ar",
+                         "codebook 2 q0.9 | fit ar", "codebook 2 app 2 | fit ar"] and names[-1] == "pca_4"
+    clipwise = names[6:-1]  # 0 clusters asked: the config's own count; strength 0 and 0.5 at both quantiles
+    assert len(clipwise) == 4 and all(re.fullmatch(r"clipwise \d+ q0\.(95|9) a0(\.5)? \| fit ar", n) for n in clipwise)
     assert all("privacy" in m and "ar" in m for m in members) and summary["split"] == "val"
+    keep, moved_none = members[0], next(m for m in members if m["name"].endswith("a0 | fit ar"))
+    assert all(keep[t] == moved_none[t] for t in ("privacy", "ar"))  # strength 0: the frontier's keep-alone end
 
 
 def test_probe_stability(store_copy):

@@ -352,3 +352,31 @@ def test_recentring_clusters_read_no_label(tiny_store):
     means2, labels2 = recentre_targets(other, ("ar", "tad", "ad"), cfg, publish)
     np.testing.assert_array_equal(means, means2)
     assert labels == labels2 and len(set(labels)) == len(means) // 16 >= 2
+
+
+def test_a_curve_with_no_passing_width_says_which_part_fails_at_each_width():
+    """Demo world seed 1 on validation (the recentring family, fitted on AR, TAD, AD): every width removes enough
+    leakage but loses AR beyond the noise; the curve must say so per width, and that no width can be published,
+    rather than only "no width passes"."""
+    from splavu_core.evaluation.keep_curve import failures, operating_point, why_no_width
+
+    def member(k, privacy, ar, recentre=True):
+        return {"k": k, "seen": ["ar", "tad"], "recentre": recentre, "privacy": privacy,
+                "clip_privacy": [0.87, 0.75, 0.99], "reid": [1.0, 0.92, 1.08], "ar": ar, "tad": [1.09, 1.01, 1.18]}
+
+    members = [member(8, [0.582, 0.497, 0.667], [0.852, 0.760, 0.943]),
+               member(11, [0.641, 0.520, 0.762], [0.871, 0.772, 0.970]),
+               member(14, [0.585, 0.493, 0.678], [0.881, 0.786, 0.976]),
+               member(11, [0.42, 0.33, 0.51], [0.97, 0.88, 1.07], recentre=False)]  # keep alone: not this family
+    assert failures(members[1], 0.5, 0.95) == {"AR retention": "0.87 [0.77, 0.97], refused at floor 0.95"}
+    assert set(failures(members[0], 0.5, 0.95)) == {"close-ups removed", "AR retention"}
+    assert failures(members[3], 0.5, 0.95) == {"close-ups removed": "0.42 [0.33, 0.51], lower end < 0.5"}
+    assert operating_point(members[:3], 0.5, 0.95) is None
+    assert operating_point(members[:3], 0.5, 0.85)["k"] == 11  # a lower floor: k = 8 and 14 still miss the budget
+    why = why_no_width({"members": members, "recentre": True, "budget": 0.5, "floor": 0.95}).splitlines()
+    assert why[0].startswith("no width of [8, 11, 14] passes both gates' rules on validation")
+    assert why[2] == "k = 11: AR retention 0.87 [0.77, 0.97], refused at floor 0.95"
+    assert why[-1].startswith("every width fails on AR retention: no width of this family can be published")
+    mixed = why_no_width({"members": members[:2] + [member(14, [0.3, 0.2, 0.4], [1.0, 0.9, 1.1])],
+                          "recentre": True, "budget": 0.5, "floor": 0.95})
+    assert "every width fails" not in mixed  # k = 14 keeps AR: no part fails at every width

@@ -49,15 +49,42 @@ def summarise(rows, name: str) -> dict:
     return out
 
 
+PART_NAMES = {"privacy": "close-ups removed", "clip_privacy": "action clips removed", "reid": "linkage removed"}
+
+
+def failures(m: dict, budget: float, floor: float) -> dict[str, str]:
+    """What keeps member m from both promotion gates' rules, {part: its figures} (empty: it passes): a leakage
+    removal whose lower end is under the privacy budget, a seen task's retention the utility gate refuses
+    (ledger.retention_kept; a task whose raw features are at chance, retention NaN, has nothing to lose)."""
+    out = {} if "privacy" in m else {"close-ups removed": "not measured"}
+    out.update({PART_NAMES[t]: f"{m[t][0]:.2f} [{m[t][1]:.2f}, {m[t][2]:.2f}], lower end < {budget:g}"
+                for t in PRIVATE if t in m and not m[t][1] >= budget})
+    out.update({f"{t.upper()} retention": f"{m[t][0]:.2f} [{m[t][1]:.2f}, {m[t][2]:.2f}], refused at floor {floor:g}"
+                for t in m["seen"] if t in m and not retention_kept(m[t][0], m[t][2], floor)})
+    return out
+
+
 def operating_point(members: list[dict], budget: float, floor: float) -> dict | None:
-    """The largest k that passes both promotion gates' rules on these rows: the weaker leakage removal's lower end
-    meets the privacy budget, and every seen task's retention passes the utility gate's rule (ledger.retention_kept;
-    a task whose raw features are at chance, retention NaN, has nothing to lose: as the utility gate)."""
-    def passes(m):
-        private = all(m[t][1] >= budget for t in PRIVATE if t in m) and "privacy" in m
-        return private and all(retention_kept(m[t][0], m[t][2], floor) for t in m["seen"] if t in m)
-    ok = [m for m in members if passes(m)]
+    """The largest k that passes both promotion gates' rules on these rows (no `failures`): the weaker leakage
+    removal's lower end meets the privacy budget, and every seen task's retention passes the utility gate's rule."""
+    ok = [m for m in members if not failures(m, budget, floor)]
     return max(ok, key=lambda m: m["k"]) if ok else None
+
+
+def why_no_width(out: dict) -> str:
+    """Why the curve `out` picks no width, plainly: each width's failing parts, and the parts every width fails
+    (then no version of this family can be published on this store under these budgets; a budget is policy, not a
+    knob to turn until something passes)."""
+    own = [m for m in out["members"] if bool(m.get("recentre")) == bool(out.get("recentre"))] or out["members"]
+    per = {m["k"]: failures(m, out["budget"], out["floor"]) for m in own}
+    lines = [f"no width of {list(per)} passes both gates' rules on validation (privacy budget {out['budget']:g} at "
+             f"the lower end, utility floor {out['floor']:g})"]
+    lines += [f"k = {k}: " + "; ".join(f"{part} {v}" for part, v in parts.items()) for k, parts in per.items()]
+    common = sorted(set.intersection(*(set(parts) for parts in per.values()))) if per else []
+    if common:
+        lines.append(f"every width fails on {', '.join(common)}: no width of this family can be published on this "
+                     f"store under these budgets")
+    return "\n".join(lines)
 
 
 def choose_ridge(members: list[dict], budget: float) -> dict | None:
