@@ -321,10 +321,16 @@ def test_end_to_end_on_s3_matches_local_disk(s3, tiny_store, tiny_bench, tiny_vi
     adapter, cfg, meta = load_adapter(store.loc("aam", version))  # safetensors bytes from S3; hash re-checked
     assert meta["version"] == version and store.files.isfile(f"aam/{version}/loss_curves.png")
     table = pub.read_anonymized(store)
-    raw = np.concatenate([local.read_shard(k, with_static=False).clips for k in keys])
-    index = pa.concat_tables([local.read_shard(k, with_static=False).index for k in keys])
-    want = pub.run_adapter(adapter, cfg, raw, index["video_id"].to_numpy(zero_copy_only=False), index["clip_index"].to_numpy())
-    assert np.array_equal(pub.feature_matrix(table), want)  # published on S3 = the adapter on the local raw latents
+    # published on S3 = the adapter on the local raw latents, shard by shard as publish runs it: a video's output
+    # bits can depend on which videos share its padded batch (the BLAS kernel follows the batch's shape), so one
+    # batch over every shard may differ from the published table in the last float32 bit on some CPUs
+    want = []
+    for k in keys:
+        shard = local.read_shard(k, with_static=False)
+        want.append(pub.run_adapter(adapter, cfg, shard.clips, shard.index["video_id"].to_numpy(zero_copy_only=False),
+                                    shard.index["clip_index"].to_numpy()))
+    expected = np.concatenate(want)
+    assert np.array_equal(pub.feature_matrix(table), expected)
 
     assert cat.catalog_path(store).is_file() and not store.files.exists("catalog.duckdb")  # a local cache, not the bucket
     assert str(cat.catalog_path(store)).startswith(os.environ["SPLAVU_CATALOG_DIR"])
@@ -332,8 +338,8 @@ def test_end_to_end_on_s3_matches_local_disk(s3, tiny_store, tiny_bench, tiny_vi
                       "(SELECT count(*) FROM clips) AS clips, (SELECT count(DISTINCT video_id) FROM videos) AS videos, "
                       "(SELECT count(*) FROM storage WHERE kind = 'raw_latents') > 0 AS raw_listed", "--format", "json")
     videos = sum(local.read_shard_manifest(k).num_rows for k in keys)
-    assert rc == 0 and json.loads(text) == [{"anon": len(raw), "clips": len(raw), "videos": videos, "raw_listed": True}]
-    vid = index["video_id"][0].as_py()
+    assert rc == 0 and json.loads(text) == [{"anon": len(expected), "clips": len(expected), "videos": videos, "raw_listed": True}]
+    vid = local.read_shard(keys[0], with_static=False).index["video_id"][0].as_py()
     rc, text, _ = cli(capsys, "--store", url, "neighbors", vid, "--dataset", "ar", "--k", "3", "--format", "json")
     rows = json.loads(text)
     assert rc == 0 and len(rows) == 3 and vid not in {r["video_id"] for r in rows}
