@@ -140,6 +140,18 @@ def test_results_are_rendered_from_the_report(tmp_path):
     assert "| **keep k=14 (chosen)** | 62% [52, 72] |" in text and "0.95 [0.90, 1.00]" in text
     assert gen.outputs(report, ("results",))[gen.CURVE_PNG] == b"\x89PNG fake"
 
+    assert "beside other anonymizers" not in text  # no ablations run on that store
+    variant = lambda name, removed: {"name": name, "leakage_removed": removed,  # noqa: E731
+                                     "derived_intervals": {"leakage_removed": _interval(removed, removed - 0.05,
+                                                                                        removed + 0.05)}}
+    (report.parent / "ablations.json").write_text(json.dumps({"rows": [
+        {"name": "raw"}, variant("default", 0.6111), variant("recentre_classes", 0.6543), variant("keep_k8", 0.5)]}))
+    text = gen.render_results(report, commit="abc1234", machine="m")
+    compared = text[text.index("## The default beside other anonymizers"):text.index("## Gates")]
+    assert "| the default (clip clusters, k = 11) | 0.611 [0.561, 0.661] |" in compared
+    assert "| the previous default (recentring on classes) | 0.654 [0.604, 0.704] |" in compared
+    assert "keep_k8" not in compared and "Not run on this store: keep alone (k = 11), the paper's" in compared
+
     missing = gen.render_results(tmp_path / "nowhere.json")
     assert "make demo" in missing and "python docs/gen_reference.py" in missing
     assert not re.search(r"\d\.\d{3}", missing)  # no numbers without a report
