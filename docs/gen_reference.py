@@ -319,7 +319,8 @@ def _render_compared(path: Path, report_rows: list[dict]) -> str:
     rows += [(r["name"], r) for r in report_rows if r.get("name", "").startswith("pca_")]
     if len(rows) < 2:
         return ""
-    removed = [(k, h) for k, h in REMOVED if any(r.get(k) is not None for _, r in rows)]
+    removed = [(k, h) for k, h in REMOVED
+               if any(r.get(k) is not None or (r.get("derived_intervals") or {}).get(k) for _, r in rows)]
     missing = [label for n, label in COMPARED if n not in by_name]
     return "".join([
         "\n## The default beside other anonymizers (test split)\n\n",
