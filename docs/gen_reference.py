@@ -247,15 +247,11 @@ def render_results(report_path: Path, commit: str | None = None, machine: str | 
                 "Paired differences (same seeds, same resampled videos); \"no change\" when the interval holds 0.\n\n",
                 _table(["Features"] + [h for k, h in present if k in changed],
                        [[r["name"]] + [_change((r.get("changes") or {}).get(k)) for k in changed] for r in others])]
-        removed = [(k, h) for k, h in REMOVED
-                   if any(r.get(k) is not None or (r.get("derived_intervals") or {}).get(k) for r in others)]
         out += ["\n## Leakage removed and retention\n\n",
                 "Leakage removed = (raw − anonymized) / (raw − chance) of the strongest attacker; linkage removed is "
                 "the same on re-identification rank-1; retention = (anonymized − chance) / (raw − chance) of a "
                 "utility metric.\n\n",
-                _table(["Features"] + [h for _, h in removed],
-                       [[r["name"]] + [_interval((r.get("derived_intervals") or {}).get(k), r.get(k))
-                                       for k, _ in removed] for r in others])]
+                _removed_table("Features", [(r["name"], r) for r in others])]
 
     for key, title in ATTACK_SETS:
         names = []
@@ -302,6 +298,16 @@ def render_results(report_path: Path, commit: str | None = None, machine: str | 
 CURVE_PNG = DOCS / "results_keep_family.png"
 
 
+def _removed_table(first: str, rows: list[tuple[str, dict]]) -> str:
+    """Leakage removed and retention, one row per (label, report row), the columns any row has."""
+    def iv(r, k):
+        return (r.get("derived_intervals") or {}).get(k)
+
+    removed = [(k, h) for k, h in REMOVED if any(r.get(k) is not None or iv(r, k) for _, r in rows)]
+    return _table([first] + [h for _, h in removed],
+                  [[label] + [_interval(iv(r, k), r.get(k)) for k, _ in removed] for label, r in rows])
+
+
 # the ablation variants results.md sets beside the default (pipeline/ablations.py VARIANTS), with what each one is
 COMPARED = [("default", "the default (clip clusters, k = 11)"), ("no_recentre", "keep alone (k = 11)"),
             ("recentre_classes", "the previous default (recentring on classes)"),
@@ -319,17 +325,13 @@ def _render_compared(path: Path, report_rows: list[dict]) -> str:
     rows += [(r["name"], r) for r in report_rows if r.get("name", "").startswith("pca_")]
     if len(rows) < 2:
         return ""
-    removed = [(k, h) for k, h in REMOVED
-               if any(r.get(k) is not None or (r.get("derived_intervals") or {}).get(k) for _, r in rows)]
     missing = [label for n, label in COMPARED if n not in by_name]
     return "".join([
         "\n## The default beside other anonymizers (test split)\n\n",
         "`splavu ablations --variants " + " ".join(n for n, _ in COMPARED) + "` on the same store: each variant "
         "trained from the same cached latents and scored by the same attackers and readers (the strongest judging); "
         "the same-width PCA is the report's.\n\n",
-        _table(["Anonymizer"] + [h for _, h in removed],
-               [[label] + [_interval((r.get("derived_intervals") or {}).get(k), r.get(k)) for k, _ in removed]
-                for label, r in rows]),
+        _removed_table("Anonymizer", rows),
         f"\nNot run on this store: {', '.join(missing)}.\n" if missing else ""])
 
 

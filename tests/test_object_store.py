@@ -324,12 +324,9 @@ def test_end_to_end_on_s3_matches_local_disk(s3, tiny_store, tiny_bench, tiny_vi
     # published on S3 = the adapter on the local raw latents, shard by shard as publish runs it: a video's output
     # bits can depend on which videos share its padded batch (the BLAS kernel follows the batch's shape), so one
     # batch over every shard may differ from the published table in the last float32 bit on some CPUs
-    want = []
-    for k in keys:
-        shard = local.read_shard(k, with_static=False)
-        want.append(pub.run_adapter(adapter, cfg, shard.clips, shard.index["video_id"].to_numpy(zero_copy_only=False),
-                                    shard.index["clip_index"].to_numpy()))
-    expected = np.concatenate(want)
+    shards = [local.read_shard(k, with_static=False) for k in keys]
+    expected = np.concatenate([pub.run_adapter(adapter, cfg, s.clips, s.index["video_id"].to_numpy(zero_copy_only=False),
+                                               s.index["clip_index"].to_numpy()) for s in shards])
     assert np.array_equal(pub.feature_matrix(table), expected)
 
     assert cat.catalog_path(store).is_file() and not store.files.exists("catalog.duckdb")  # a local cache, not the bucket
@@ -339,7 +336,7 @@ def test_end_to_end_on_s3_matches_local_disk(s3, tiny_store, tiny_bench, tiny_vi
                       "(SELECT count(*) FROM storage WHERE kind = 'raw_latents') > 0 AS raw_listed", "--format", "json")
     videos = sum(local.read_shard_manifest(k).num_rows for k in keys)
     assert rc == 0 and json.loads(text) == [{"anon": len(expected), "clips": len(expected), "videos": videos, "raw_listed": True}]
-    vid = local.read_shard(keys[0], with_static=False).index["video_id"][0].as_py()
+    vid = shards[0].index["video_id"][0].as_py()
     rc, text, _ = cli(capsys, "--store", url, "neighbors", vid, "--dataset", "ar", "--k", "3", "--format", "json")
     rows = json.loads(text)
     assert rc == 0 and len(rows) == 3 and vid not in {r["video_id"] for r in rows}
