@@ -8,14 +8,13 @@ import dagster as dg
 from pydantic import Field, ValidationError, create_model
 
 from assets.resources import StoreResource
-from splavu_core import costs
 from splavu_core.aam.io import adapter_version, save_adapter
 from splavu_core.aam.model import DEFAULT_ADAPTER, AAMConfig
 from splavu_core.aam.train import TASKS, TrainConfig, config_fields, load_training_data, train_aam
 from splavu_core.evaluation.report import png_markdown
-from splavu_core.publish import record_version
-from splavu_core.datasets import training_plan
-
+from splavu_core.ingest.datasets import training_plan
+from splavu_core.store import costs
+from splavu_core.store.ledger import record_version
 
 _TYPES = {"float": float, "int": int, "str": str, "bool": bool}
 # a field only some adapters read says which, first thing in its description

@@ -2,7 +2,7 @@
 
 Reads cached latents and a saved adapter only; the frozen encoder is never loaded. The publishing
 itself (guards against raw latents, atomic writes, skip of complete tables) is
-splavu_core.publish.anonymize_shard; this module chooses the AAM version, decides when a version
+splavu_core.publish.anonymized_tables.anonymize_shard; this module chooses the AAM version, decides when a version
 becomes current, and applies retention.
 
 Which version: the config's `aam_version` (the CLI and the schedule pin it), or for an unpinned run (the
@@ -16,7 +16,7 @@ version comes). The gates ride along in every such run.
 
 When a version becomes current: as soon as every registered shard has a complete table for it,
 provided it is newer than the current version and was never made current automatically before.
-A version becomes current only when both gates pass (splavu_core.gates: privacy budget and utility of
+A version becomes current only when both gates pass (splavu_core.evaluation.gates: privacy budget and utility of
 every seen task, on validation splits); `splavu promote` / `splavu rollback` switch by hand.
 So a manual rollback (publish.set_current to an older version) stands: publishing the newer
 version for a new shard later does not silently undo it. Use set_current to switch explicitly.
@@ -29,17 +29,24 @@ from pydantic import Field
 
 from assets.partitions import shards
 from assets.resources import StoreResource
-from splavu_core import costs
-from splavu_core.ledger import clear_refusal, log_auto_promotion
-from splavu_core.neighbors import prune_indexes
-from splavu_core.publish import (PublishError, anonymize_shard, apply_retention, current_version,
-                                 promoted_versions, published_rows, published_shards, read_versions, record_refusal,
-                                 set_current, versions_path)
-from splavu_core.gates import passes_gates
-from splavu_core.datasets import registered
+from splavu_core.evaluation.gates import passes_gates
+from splavu_core.ingest.datasets import registered
+from splavu_core.publish.anonymized_tables import anonymize_shard, apply_retention, published_rows, published_shards
+from splavu_core.serve.neighbors import prune_indexes
 from splavu_core.settings import settings
-from splavu_core.store import FeatureStore
-
+from splavu_core.store import costs
+from splavu_core.store.feature_store import FeatureStore
+from splavu_core.store.ledger import (
+    PublishError,
+    clear_refusal,
+    current_version,
+    log_auto_promotion,
+    promoted_versions,
+    read_versions,
+    record_refusal,
+    set_current,
+    versions_path,
+)
 
 # ---------------------------------------------------------------- store state (shared with the sensors)
 

@@ -1,6 +1,6 @@
 """pixel_baseline_latents: the raw store's videos re-extracted through a pixel-space anonymizer.
 
-One static partition per baseline (blur, blacken, down2, down4; splavu_core.pixel.BASELINES). Each
+One static partition per baseline (blur, blacken, down2, down4; splavu_core.extract.pixel.BASELINES). Each
 writes its own store under <root>/baselines/pixel_<name>; the evaluation assets score every such
 store beside raw and splavu, and the report compares their cost. Region-based baselines (blur,
 blacken) need person masks: mask_source 'rendered' (the synthetic benchmark's true silhouettes) or
@@ -10,9 +10,9 @@ import dagster as dg
 from pydantic import Field
 
 from assets.resources import EncoderResource, StoreResource
-from splavu_core.baselines import extract_baseline
-from splavu_core.pixel import BASELINES, MASK_SOURCES, PixelAnonymizer, baseline_transform
-from splavu_core.datasets import registered, task_datasets
+from splavu_core.extract.pixel import BASELINES, MASK_SOURCES, PixelAnonymizer, baseline_transform
+from splavu_core.extract.pixel_baselines import extract_baseline
+from splavu_core.ingest.datasets import registered, task_datasets
 
 pixel_baselines = dg.StaticPartitionsDefinition(list(BASELINES))
 

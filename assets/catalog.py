@@ -1,6 +1,6 @@
 """feature_catalog: <store>/catalog.duckdb, the analysts' views over every Parquet table of the store.
 
-A thin layer over splavu_core.catalog.build_catalog (idempotent; atomic replace, so analysts keep
+A thin layer over splavu_core.serve.catalog.build_catalog (idempotent; atomic replace, so analysts keep
 reading the old file during a rebuild). Before building, the Dagster run history is copied into
 <store>/runs/<run_id>.parquet (one small file per run) so the catalog's `runs` view shows it:
 runs that finished are written once with their final status; runs still going (this one
@@ -13,9 +13,9 @@ import dagster as dg
 import pyarrow as pa
 
 from assets.resources import StoreResource
-from splavu_core.catalog import RUNS_SCHEMA, build_catalog
-from splavu_core.neighbors import refresh_indexes
-from splavu_core.store import FeatureStore
+from splavu_core.serve.catalog import RUNS_SCHEMA, build_catalog
+from splavu_core.serve.neighbors import refresh_indexes
+from splavu_core.store.feature_store import FeatureStore
 
 TERMINAL = {"SUCCESS", "FAILURE", "CANCELED"}
 MAX_RUNS = 1000  # newest runs copied per build (older ones were copied by earlier builds)
@@ -51,7 +51,7 @@ REFRESH = (_AC.any_deps_updated().since_last_handled() & ~_AC.any_deps_in_progre
 
 
 @dg.asset(deps=["anonymized_features"], group_name="publish", kinds={"duckdb"}, automation_condition=REFRESH,
-          description="catalog.duckdb + each version's neighbour index (splavu_core.neighbors): views videos, clips, quarantine, anonymized_features (current AAM, FLOAT[D]), "
+          description="catalog.duckdb + each version's neighbour index (splavu_core.serve.neighbors): views videos, clips, quarantine, anonymized_features (current AAM, FLOAT[D]), "
                       "anonymized_features_all, aam_versions, metrics, runs, storage. Open it read-only with duckdb.")
 def feature_catalog(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
     feature_store = store.store()

@@ -4,7 +4,7 @@
     bias_eval, gait_eval      metric rows for feature sets 'raw', 'splavu' and every pixel baseline store
                               (<root>/baselines/pixel_*) -> <root>/metrics/*.parquet
     privacy_utility_report    <root>/reports/privacy_utility.{json,md,png}: one row per feature set and the
-                              cost of each approach (splavu_core.costs), attached to the materialisation
+                              cost of each approach (splavu_core.store.costs), attached to the materialisation
     privacy_budget            BLOCKING check on anonymized_features: share of above-chance leakage removed
     utility_retention         WARN check on privacy_utility_report: the utility gate's rule (ledger.utility_fraction)
                               on the report's test split, for every task, seen or not
@@ -18,18 +18,31 @@ import dagster as dg
 from pydantic import Field
 
 from assets.resources import StoreResource
-from splavu_core.evaluation.report import png_markdown, read_report, report_markdown, write_privacy_utility_report
 from splavu_core.evaluation import trivial, unseen
+from splavu_core.evaluation.gates import evaluate_gates, privacy_measure_view, seen_tasks
+from splavu_core.evaluation.report import png_markdown, read_report, report_markdown, write_privacy_utility_report
 from splavu_core.evaluation.scoring import score_sets
-from splavu_core.evaluation.suite import (DEFAULT_DATASETS, RAW, UTILITY_KEYS, build_report, load_feature_sets,
-                                          newest_version, read_metric_rows, write_metric_rows)
-from splavu_core.gates import evaluate_gates, privacy_measure_view, seen_tasks
-from splavu_core.ledger import privacy_threshold, record_verdict, retention_kept, utility_fraction
+from splavu_core.evaluation.suite import (
+    DEFAULT_DATASETS,
+    RAW,
+    UTILITY_KEYS,
+    build_report,
+    load_feature_sets,
+    newest_version,
+    read_metric_rows,
+    write_metric_rows,
+)
+from splavu_core.extract.pixel_baselines import eval_shards, existing_baselines, stale_shards
+from splavu_core.ingest.datasets import task_datasets
 from splavu_core.settings import DEFAULT_PRIVACY_BUDGET, DEFAULT_UTILITY_GATE
-from splavu_core import costs
-from splavu_core.baselines import eval_shards, existing_baselines, stale_shards
-from splavu_core.publish import current_version
-from splavu_core.datasets import task_datasets
+from splavu_core.store import costs
+from splavu_core.store.ledger import (
+    current_version,
+    privacy_threshold,
+    record_verdict,
+    retention_kept,
+    utility_fraction,
+)
 
 ANONYMIZED = dg.AssetKey("anonymized_features")
 CLIP_LATENTS = dg.AssetKey("clip_latents")
@@ -41,7 +54,7 @@ class ProbeSettings(dg.Config):
     """Which dataset serves each task and how long each fresh probe trains (protocols and defaults:
     docs/evaluation.md, "The paper's protocols, and where splavu's differ")."""
 
-    # "" = the dataset registered with that role (splavu_core.datasets; the demo's names by default)
+    # "" = the dataset registered with that role (splavu_core.ingest.datasets; the demo's names by default)
     ar_dataset: str = ""
     tad_dataset: str = ""
     ad_dataset: str = ""
@@ -240,7 +253,7 @@ def privacy_utility_report(context: dg.AssetExecutionContext, config: ReportConf
         u = feature_store.files.read_json(unseen.REPORT)
         if u.get("version") == version:
             report["unseen"] = u
-    from splavu_core.ledger import current_version as _current
+    from splavu_core.store.ledger import current_version as _current
 
     report["aam_version_is_current"] = version == _current(feature_store)
     report["probe_seeds"] = list(range(config.seed, config.seed + config.n_seeds))
@@ -264,7 +277,7 @@ def privacy_utility_report(context: dg.AssetExecutionContext, config: ReportConf
 # ---------------------------------------------------------------- gates
 
 class GateConfig(dg.Config):
-    """Shared by the two blocking gates; both read the same cached validation measurement (splavu_core.gates)."""
+    """Shared by the two blocking gates; both read the same cached validation measurement (splavu_core.evaluation.gates)."""
 
     aam_version: str = Field(default="", description="version to gate (default: the one anonymized_features just "
                              "published, else the newest recorded)")

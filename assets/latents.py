@@ -5,10 +5,10 @@ import dagster as dg
 
 from assets.partitions import shards
 from assets.resources import EncoderResource, StoreResource
-from splavu_core import costs
-from splavu_core.extract import extract_shard, manifest_hash
+from splavu_core.extract.shards import extract_shard, manifest_hash
 from splavu_core.forget import erase_raced
-from splavu_core.datasets import dataset_of, registration, shard_rows, static_clips
+from splavu_core.ingest.datasets import dataset_of, registration, shard_rows, static_clips
+from splavu_core.store import costs
 
 
 @dg.multi_asset(

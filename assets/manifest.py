@@ -3,7 +3,7 @@ import dagster as dg
 
 from assets.partitions import shards
 from assets.resources import StoreResource
-from splavu_core.datasets import write_shard_manifest
+from splavu_core.ingest.datasets import write_shard_manifest
 
 
 @dg.asset(partitions_def=shards, group_name="ingest", kinds={"parquet"},

@@ -15,8 +15,8 @@ from pydantic import Field
 from assets.resources import StoreResource
 from splavu_core.evaluation.keep_curve import DEFAULT_KS, curve_markdown, keep_curve, why_no_width
 from splavu_core.evaluation.report import png_markdown
-from splavu_core.ledger import current_version
-from splavu_core.store import FeatureStore
+from splavu_core.store.feature_store import FeatureStore
+from splavu_core.store.ledger import current_version
 
 GROUP = "operating_point"
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 import dagster as dg
 from pydantic import Field
 
-from splavu_core.encoders.vfm import DEMO_CHECKPOINT, FrozenEncoder, load_encoder
-from splavu_core.sampling import ClipSampling
-from splavu_core.store import FeatureStore, default_root
+from splavu_core.extract.encoders.vfm import DEMO_CHECKPOINT, FrozenEncoder, load_encoder
+from splavu_core.extract.sampling import ClipSampling
+from splavu_core.store.feature_store import FeatureStore, default_root
 
 
 class StoreResource(dg.ConfigurableResource):
     """The store root: a local path or an fsspec URL such as s3://bucket/prefix (`SPLAVU_STORE` overrides the
     default ./store; credentials and endpoint from the standard AWS variables and `SPLAVU_STORAGE_OPTIONS`,
-    see splavu_core/storefs.py). The inbox is always a local folder: set `inbox` for an object-store root."""
+    see splavu_core/store/fs.py). The inbox is always a local folder: set `inbox` for an object-store root."""
 
     root: str = Field(default_factory=default_root)
     inbox: str = Field(default="", description="folder watched for new datasets (default <root>/inbox)")
@@ -35,7 +35,7 @@ class EncoderResource(dg.ConfigurableResource):
     clip_len: int = 16
     frame_step: int = 1
     target_fps: float | None = None
-    static_k: int = ClipSampling.static_k  # one default (splavu_core/sampling.py says why 4)
+    static_k: int = ClipSampling.static_k  # one default (splavu_core/extract/sampling.py says why 4)
     static_splits: list[str] = ["train"]
     static_datasets: list[str] = Field(default=[], description="datasets that get static latents (empty: those "
                                        "registered with a training role, decided at ingest); only the AAM's "

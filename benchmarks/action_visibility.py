@@ -24,10 +24,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from splavu_core.evaluation.protocols import top1_among
-from splavu_core.manifest import load_manifest
-from splavu_core.pixel import PixelAnonymizer
-from splavu_core.synth.figure import INTERACTIONS
-from splavu_core.video import DecordVideo
+from splavu_core.extract.pixel import PixelAnonymizer
+from splavu_core.ingest.manifest import load_manifest
+from splavu_core.ingest.synth.figure import INTERACTIONS
+from splavu_core.ingest.video import DecordVideo
 
 SAME_MOTION = ("drink", "eat", "phone")
 FRAMES = np.arange(0, 16, 2)  # 8 frames of the first 16-frame clip

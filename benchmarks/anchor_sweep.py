@@ -24,13 +24,13 @@ import numpy as np
 
 from splavu_core.aam.keep import apply_keep
 from splavu_core.aam.train import fit_utility_keep
-from splavu_core.encoders.vfm import DEMO_CHECKPOINT, load_encoder
 from splavu_core.evaluation import trivial
 from splavu_core.evaluation.keep_curve import load_inputs, score_family
-from splavu_core.datasets import shard_rows
-from splavu_core.sampling import ClipSampling
-from splavu_core.store import FeatureStore
-from splavu_core.video import DecordVideo
+from splavu_core.extract.encoders.vfm import DEMO_CHECKPOINT, load_encoder
+from splavu_core.extract.sampling import ClipSampling
+from splavu_core.ingest.datasets import shard_rows
+from splavu_core.ingest.video import DecordVideo
+from splavu_core.store.feature_store import FeatureStore
 
 
 def encode_anchors(store: FeatureStore, checkpoint: str, static_k: int, batch: int = 16) -> dict[str, np.ndarray]:

@@ -18,8 +18,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from sklearn.metrics import average_precision_score
 
-from splavu_core.manifest import load_manifest
-from splavu_core.video import DecordVideo
+from splavu_core.ingest.manifest import load_manifest
+from splavu_core.ingest.video import DecordVideo
 
 
 def load(m, split):

@@ -28,10 +28,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # the benchmark process only orch
 
 import dagster as dg  # noqa: E402
 
-from pipeline.executors import code_location_job, run_config_for  # noqa: E402
 from assets.resources import EncoderResource, StoreResource  # noqa: E402
+from pipeline.executors import code_location_job, run_config_for  # noqa: E402
 from pipeline.runner import ingest  # noqa: E402
-from splavu_core.encoders.vfm import DEMO_CHECKPOINT  # noqa: E402
+from splavu_core.extract.encoders.vfm import DEMO_CHECKPOINT  # noqa: E402
 
 CONFIGS = {"1_worker_2_threads": (1, 2), "1_worker_1_thread": (1, 1), "2_workers_1_thread": (2, 1)}
 
@@ -83,7 +83,7 @@ def measure(name: str, workers: int, threads: int, data: Path, datasets: list[st
             instance.dispose()
     finally:
         cluster.close()
-    from splavu_core.store import FeatureStore
+    from splavu_core.store.feature_store import FeatureStore
 
     store = FeatureStore(root)
     k = EncoderResource().static_k  # static clips per training video
@@ -107,7 +107,7 @@ def main(argv=None):
         work = Path(tmp)
         data = Path(args.data) if args.data else work / "data"
         if not args.data:
-            from splavu_core.synth.datasets import generate
+            from splavu_core.ingest.synth.datasets import generate
 
             generate(data, args.scale, seed=0, workers=2)
         results = {n: measure(n, *CONFIGS[n], data, args.datasets, args.shard_size, args.checkpoint, work)

@@ -19,14 +19,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from splavu_core.encoders.vfm import DEMO_CHECKPOINT, load_encoder
 from splavu_core.evaluation.protocols import action_recognition, gait_retrieval, privacy_attack, top1_among
 from splavu_core.evaluation.scoring import _usable_attributes
-from splavu_core.extract import extract_shard
-from splavu_core.features import VideoFeatures
-from splavu_core.manifest import load_manifest
-from splavu_core.sampling import ClipSampling
-from splavu_core.synth.figure import INTERACTIONS
+from splavu_core.extract.encoders.vfm import DEMO_CHECKPOINT, load_encoder
+from splavu_core.extract.sampling import ClipSampling
+from splavu_core.extract.shards import extract_shard
+from splavu_core.ingest.manifest import load_manifest
+from splavu_core.ingest.synth.figure import INTERACTIONS
+from splavu_core.tasks.features import VideoFeatures
 
 
 def features(m, enc, sampling) -> list[VideoFeatures]:
@@ -59,8 +59,8 @@ def main(argv=None):
     priv_m = load_manifest(Path(args.data) / "privacy" / "manifest.csv")
     gait_m = Path(args.data) / "gait" / "manifest.csv"
     if args.store:
-        from splavu_core.publish import load_video_features
-        from splavu_core.store import FeatureStore
+        from splavu_core.publish.anonymized_tables import load_video_features
+        from splavu_core.store.feature_store import FeatureStore
 
         store = FeatureStore(args.store)
         if store.files.read_json("store.json").get("weights_sha256") != enc.weights_hash:

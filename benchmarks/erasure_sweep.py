@@ -16,13 +16,13 @@ import json
 import sys
 import time
 
+from splavu_core.aam.appearance_projection import apply_erasure
 from splavu_core.aam.diagnostics import heldout_split, pair_matching_report
-from splavu_core.aam.erasure import apply_erasure
 from splavu_core.aam.train import fit_appearance_erasure, load_training_data
 from splavu_core.evaluation.scoring import score_sets
 from splavu_core.evaluation.suite import RAW, load_feature_sets, metric_value
-from splavu_core.datasets import task_datasets
-from splavu_core.store import FeatureStore
+from splavu_core.ingest.datasets import task_datasets
+from splavu_core.store.feature_store import FeatureStore
 
 KEYS = {"privacy": "cmap", "clip_privacy": "cmap", "ar": "top1", "tad": "mAP", "ad": "auc"}
 

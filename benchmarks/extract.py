@@ -32,13 +32,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from splavu_core.encoders.vfm import DEMO_CHECKPOINT, load_encoder
-from splavu_core.extract import decode_video, encoder_workers, extract_shard, manifest_hash
-from splavu_core.manifest import load_manifest
-from splavu_core.sampling import ClipSampling
-from splavu_core.store import FeatureStore
+from splavu_core.extract.encoders.vfm import DEMO_CHECKPOINT, load_encoder
+from splavu_core.extract.sampling import ClipSampling
+from splavu_core.extract.shards import decode_video, encoder_workers, extract_shard, manifest_hash
+from splavu_core.ingest.manifest import load_manifest
+from splavu_core.ingest.video import DecordVideo
+from splavu_core.store.feature_store import FeatureStore
 from splavu_core.threads import intra_op_threads
-from splavu_core.video import DecordVideo
 
 
 class Timer:
@@ -72,7 +72,7 @@ def main(argv=None):
     if args.data:
         data = Path(args.data)
     else:
-        from splavu_core.synth.datasets import generate
+        from splavu_core.ingest.synth.datasets import generate
 
         generate(work / "synth", "demo", seed=0, datasets=("tad",))
         data = work / "synth" / "tad"

@@ -27,9 +27,10 @@ import numpy as np
 import pyarrow as pa
 
 from splavu_core import forget as fg
-from splavu_core.neighbors import write_index
-from splavu_core.publish import _anonymized_table, anonymized_key, record_version
-from splavu_core.store import QUARANTINE_SCHEMA, FeatureStore, ShardLatents
+from splavu_core.publish.anonymized_tables import _anonymized_table, anonymized_key
+from splavu_core.serve.neighbors import write_index
+from splavu_core.store.feature_store import QUARANTINE_SCHEMA, FeatureStore, ShardLatents
+from splavu_core.store.ledger import record_version
 
 CLIPS_PER_VIDEO, STATIC_K, VIDEOS_PER_SUBJECT, KEEP = 10, 2, 5, 14
 FP, VERSION = "bench-encoder", "benchversion0001"

@@ -18,10 +18,18 @@ import json
 import time
 
 from splavu_core.aam.train import TrainConfig
-from splavu_core.evaluation.keep_curve import (choose_ridge, family_sets, heldout_classes, keep_curve,
-                                               load_inputs, operating_point, plot_png, score_family)
-from splavu_core.ledger import privacy_threshold, utility_fraction
-from splavu_core.store import FeatureStore
+from splavu_core.evaluation.keep_curve import (
+    choose_ridge,
+    family_sets,
+    heldout_classes,
+    keep_curve,
+    load_inputs,
+    operating_point,
+    plot_png,
+    score_family,
+)
+from splavu_core.store.feature_store import FeatureStore
+from splavu_core.store.ledger import privacy_threshold, utility_fraction
 
 
 def variant_sets(store, data, raw, variants) -> tuple[dict, list[dict]]:

@@ -37,11 +37,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from splavu_core import analyst
-from splavu_core import catalog as cat
-from splavu_core import neighbors as nn
-from splavu_core.publish import anonymized_schema, record_version
-from splavu_core.store import FeatureStore
+from splavu_core.publish.anonymized_tables import anonymized_schema
+from splavu_core.serve import analyst
+from splavu_core.serve import catalog as cat
+from splavu_core.serve import neighbors as nn
+from splavu_core.store.feature_store import FeatureStore
+from splavu_core.store.ledger import record_version
 
 VERSION = "benchneighbors01"
 CLIPS_PER_VIDEO = 8

@@ -6,7 +6,7 @@ On the same videos, with the same frozen encoder, each path timed end to end int
 - raw:            splavu's extraction (clip latents + static latents of train videos, as the AAM needs);
 - raw_clips_only: the same without static latents (what a pixel baseline extracts: the fair overhead base);
 - pixel_<name>:   decode -> person mask (rendered silhouettes) -> transform -> encode -> commit;
-- anonymize:      splavu_core.publish.anonymize_shard of the raw shard (Zarr read, adapter, guards, Parquet),
+- anonymize:      splavu_core.publish.anonymized_tables.anonymize_shard of the raw shard (Zarr read, adapter, guards, Parquet),
                   with a default-size adapter (benchmarks/publish.py make_adapter: trained-looking weights).
 
 Ratios: change_ratio = pixel / anonymize (a change of anonymizer: re-decode and re-encode every video vs
@@ -27,13 +27,13 @@ from pathlib import Path
 
 import torch
 
-from splavu_core.encoders.vfm import DEMO_CHECKPOINT, load_encoder
-from splavu_core.extract import extract_shard, manifest_hash
-from splavu_core.manifest import load_manifest
-from splavu_core.pixel import BASELINES, PixelAnonymizer
-from splavu_core.publish import anonymize_shard
-from splavu_core.sampling import ClipSampling
-from splavu_core.store import FeatureStore
+from splavu_core.extract.encoders.vfm import DEMO_CHECKPOINT, load_encoder
+from splavu_core.extract.pixel import BASELINES, PixelAnonymizer
+from splavu_core.extract.sampling import ClipSampling
+from splavu_core.extract.shards import extract_shard, manifest_hash
+from splavu_core.ingest.manifest import load_manifest
+from splavu_core.publish.anonymized_tables import anonymize_shard
+from splavu_core.store.feature_store import FeatureStore
 
 SHARD = "bench-000"
 
@@ -70,7 +70,7 @@ def main(argv=None):
     work = Path(tempfile.mkdtemp(prefix="splavu-pixel-bench-"))
     data = Path(args.data) if args.data else Path("data/synth/ar")
     if not (data / "manifest.csv").is_file():
-        from splavu_core.synth.datasets import generate
+        from splavu_core.ingest.synth.datasets import generate
 
         generate(work / "synth", "demo", seed=0, datasets=("ar",))
         data = work / "synth" / "ar"

@@ -16,9 +16,8 @@ import numpy as np
 from splavu_core.evaluation import stats
 from splavu_core.evaluation.scoring import run_task
 from splavu_core.evaluation.suite import load_feature_sets
-from splavu_core.datasets import task_datasets
-from splavu_core.store import FeatureStore
-
+from splavu_core.ingest.datasets import task_datasets
+from splavu_core.store.feature_store import FeatureStore
 
 HEAD = {"ar": "top1", "tad": "mAP", "ad": "auc", "privacy": "cmap", "clip_privacy": "cmap"}
 

@@ -6,7 +6,7 @@ A synthetic store (random latents, no video, no encoder) holds one shard of --cl
 width --dim; the adapter is a default AAMConfig(dim=D) whose zero-initialised output projections
 got random weights (it looks trained, and is not the identity, so the publishing guards pass).
 
-- anonymize: splavu_core.publish.anonymize_shard, end to end: read the shard's latents (Zarr) and
+- anonymize: splavu_core.publish.anonymized_tables.anonymize_shard, end to end: read the shard's latents (Zarr) and
   index, run the adapter, the identity / no-raw-latent guards, write the zstd Parquet table;
 - parquet_only: the same path without the adapter and the guards: read the same shard, build the
   very same table (publish.anonymized_schema, the raw features in the `feature` column), write it
@@ -38,13 +38,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from splavu_core import analyst
-from splavu_core import catalog as cat
-from splavu_core import publish as pub
 from splavu_core.aam import AAMConfig, AnonymizingAdapter, load_adapter, save_adapter
 from splavu_core.aam.model import PREVIOUS_DEFAULT_ADAPTER
-from splavu_core.store import (CLIP_INDEX_SCHEMA, QUARANTINE_SCHEMA, STATIC_INDEX_SCHEMA, FeatureStore,
-                               ShardLatents, write_parquet_atomic)
+from splavu_core.publish import anonymized_tables as pub
+from splavu_core.serve import analyst
+from splavu_core.serve import catalog as cat
+from splavu_core.store import ledger
+from splavu_core.store.feature_store import (
+    CLIP_INDEX_SCHEMA,
+    QUARANTINE_SCHEMA,
+    STATIC_INDEX_SCHEMA,
+    FeatureStore,
+    ShardLatents,
+    write_parquet_atomic,
+)
 
 FP = "bench-synthetic-encoder"
 SHARD = "bench-000"
@@ -254,7 +261,7 @@ def run(args, root: Path) -> dict:
     shutil.rmtree(root / "bench-parquet-only"), shutil.rmtree(root / "bench-breakdown")
 
     # (b) DuckDB through the catalog
-    pub.record_version(store, version, json.loads((adapter_dir / "adapter.json").read_text()))
+    ledger.record_version(store, version, json.loads((adapter_dir / "adapter.json").read_text()))
     extra = max(0, args.rows_meta - args.clips)
     n_files = add_index_rows(store, extra, args.clips // CLIPS_PER_VIDEO + 1, 200_000, args.seed + 1)
     built = cat.build_catalog(store)

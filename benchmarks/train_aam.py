@@ -44,11 +44,11 @@ import torch
 
 import splavu_core.aam.train as lib
 from splavu_core.aam.train import LoopConfig, TrainConfig, load_training_data, train_aam
-from splavu_core.extract import decode_video
-from splavu_core.datasets import dataset_manifest, registered
-from splavu_core.sampling import ClipSampling
-from splavu_core.store import FeatureStore
-from splavu_core.video import DecordVideo
+from splavu_core.extract.sampling import ClipSampling
+from splavu_core.extract.shards import decode_video
+from splavu_core.ingest.datasets import dataset_manifest, registered
+from splavu_core.ingest.video import DecordVideo
+from splavu_core.store.feature_store import FeatureStore
 
 MODES = ("clips", "videos", "static")  # how a pixel-level loader gets each read: one clip, a whole video, one frame
 PAPER = {"cached_min": 5.4, "encoder_in_loop_min": 185.0, "ratio": round(185.0 / 5.4, 1)}
@@ -327,7 +327,7 @@ def main(argv=None):
 
     # (b) encoder in the loop, on a subset, extrapolated per kind of clip
     checkpoint = args.checkpoint or prov["encoder_source"]
-    from splavu_core.encoders.vfm import load_encoder
+    from splavu_core.extract.encoders.vfm import load_encoder
 
     enc = load_encoder(checkpoint, device=args.device)
     sampling = ClipSampling(**prov["sampling"])

@@ -210,7 +210,7 @@ def render_results(report_path: Path, commit: str | None = None, machine: str | 
     rows = report.get("rows", [])
     version = report.get("aam_version")
     demo = (report.get("costs") or {}).get("demo") or {}
-    from splavu_core.costs import provenance
+    from splavu_core.store.costs import provenance
 
     here = provenance()
     commit = report.get("commit") or commit or here["commit"]
@@ -358,8 +358,8 @@ def _seconds(v) -> str:
 
 
 def _render_gates(path: Path, version) -> str:
-    from splavu_core.ledger import retention_kept
     from splavu_core.settings import settings
+    from splavu_core.store.ledger import retention_kept
 
     head = "\n## Gates (validation split)\n\n"
     if not path.is_file():

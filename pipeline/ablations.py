@@ -26,17 +26,27 @@ import time
 import dagster as dg
 
 from assets.aam import AAMTrainingConfig
-from splavu_core.aam.model import PREVIOUS_DEFAULT_ADAPTER
 from assets.evaluation import ProbeSettings
 from assets.resources import StoreResource
 from splavu_core.aam.io import adapter_version
+from splavu_core.aam.model import PREVIOUS_DEFAULT_ADAPTER
 from splavu_core.aam.train import load_oracle_labels, load_training_data, train_aam
 from splavu_core.evaluation.report import ablation_markdown, png_markdown, write_ablation_report
 from splavu_core.evaluation.scoring import score_sets
-from splavu_core.evaluation.suite import (RAW, TASKS, config_key, safe_name, shard_hashes, add_derived, anonymize_videos,
-                                          build_report, load_feature_sets, report_row)
-from splavu_core.datasets import dataset_of, training_plan
-from splavu_core.store import FeatureStore
+from splavu_core.evaluation.suite import (
+    RAW,
+    TASKS,
+    add_derived,
+    anonymize_videos,
+    build_report,
+    config_key,
+    load_feature_sets,
+    report_row,
+    safe_name,
+    shard_hashes,
+)
+from splavu_core.ingest.datasets import dataset_of, training_plan
+from splavu_core.store.feature_store import FeatureStore
 
 NO_ERASURE = {"erase_rank": 0}
 # the previous default (erasure of half the dimensions, 2 residual MLP blocks, learned critic): the trained

@@ -28,19 +28,28 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from splavu_core import costs
-from splavu_core.analyst import query
-from splavu_core.catalog import CatalogError, build_catalog, catalog_path, empty_reason
-from splavu_core.manifest import ManifestError
-from splavu_core.masks import PixelError
-from splavu_core.neighbors import Index, NeighborsError, neighbors, refuse_if_refused
-from splavu_core.ledger import (PublishError, current_version, gates_passed, newest_version, promote, read_verdicts,
-                                read_versions, refused_versions, rollback)
-from splavu_core.datasets import describe_registration, parse_roles, registered, registration, training_plan
+from splavu_core.ingest.datasets import describe_registration, parse_roles, registered, registration, training_plan
+from splavu_core.ingest.manifest import ManifestError
+from splavu_core.ingest.masks import PixelError
+from splavu_core.ingest.synth.datasets import BENCHMARKS, DATASETS, DEFAULT_BENCHMARK, BenchmarkMismatch, generate, plan
+from splavu_core.serve.analyst import query
+from splavu_core.serve.catalog import CatalogError, build_catalog, catalog_path, empty_reason
+from splavu_core.serve.neighbors import Index, NeighborsError, neighbors, refuse_if_refused
+from splavu_core.serve.tables import format_table
 from splavu_core.settings import settings
-from splavu_core.store import FeatureStore, StoreError
-from splavu_core.tables import format_table
-from splavu_core.synth.datasets import BENCHMARKS, DATASETS, DEFAULT_BENCHMARK, BenchmarkMismatch, generate, plan
+from splavu_core.store import costs
+from splavu_core.store.feature_store import FeatureStore, StoreError
+from splavu_core.store.ledger import (
+    PublishError,
+    current_version,
+    gates_passed,
+    newest_version,
+    promote,
+    read_verdicts,
+    read_versions,
+    refused_versions,
+    rollback,
+)
 
 
 def _runner():
@@ -219,7 +228,7 @@ def cmd_promote(args) -> int:
     if args.force and not (args.reason or "").strip():
         raise PublishError("--force needs --reason TEXT (kept in the version ledger)")
     if not read_verdicts(store, args.version):  # never gated (e.g. trained but not published): measure now
-        from splavu_core.gates import evaluate_gates  # here: loads the evaluation probes (torch), ~2 s
+        from splavu_core.evaluation.gates import evaluate_gates  # here: loads the evaluation probes (torch), ~2 s
 
         evaluate_gates(store, args.version)
     ok, why = gates_passed(store, args.version)

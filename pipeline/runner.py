@@ -19,18 +19,18 @@ import dagster as dg
 from assets.aam import check_training_config  # noqa: F401  (the CLI)
 from assets.anonymized import newest_version, registered_shards, resolve_version  # noqa: F401  (newest_version: the CLI)
 from assets.evaluation import EVAL_ASSETS, GATE_CHECKS, privacy_utility_report
+from assets.partitions import shards
+from assets.resources import EncoderResource, StoreResource
 from pipeline.ablations import VARIANTS
 from pipeline.definitions import REPOSITORY_LABEL, REPOSITORY_TAG, defs
 from pipeline.inprocess import quiet
-from assets.partitions import shards
 from pipeline.reanonymize import anonymize_run_config
 from pipeline.recovery import fail_run, owned_run  # noqa: F401  (fail_run: the CLI)
-from assets.resources import EncoderResource, StoreResource
-from splavu_core.pixel import BASELINES  # noqa: F401  (the CLI)
-from splavu_core.datasets import register_dataset
-from splavu_core.publish import PublishError
+from splavu_core.extract.pixel import BASELINES  # noqa: F401  (the CLI)
+from splavu_core.ingest.datasets import register_dataset
 from splavu_core.settings import settings
-from splavu_core.store import FeatureStore
+from splavu_core.store.feature_store import FeatureStore
+from splavu_core.store.ledger import PublishError
 
 PROJECT = Path(__file__).resolve().parents[1]  # the checkout (editable install) holding dagster.yaml and the Makefile
 ANNOUNCED = ".splavu_announced"  # in an instance folder the CLI chose itself: its location was printed once

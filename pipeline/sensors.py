@@ -6,12 +6,12 @@ from pathlib import Path
 
 import dagster as dg
 
-from pipeline.jobs import extract_job
 from assets.partitions import shards
 from assets.resources import StoreResource
-from splavu_core.manifest import ManifestError
-from splavu_core.datasets import register_dataset, registered
-from splavu_core.store import StoreError
+from pipeline.jobs import extract_job
+from splavu_core.ingest.datasets import register_dataset, registered
+from splavu_core.ingest.manifest import ManifestError
+from splavu_core.store.feature_store import StoreError
 
 
 def find_manifest(folder: Path) -> Path | None:

@@ -36,16 +36,22 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import erasure
-from .catalog import build_catalog, catalog_dir
-from .ledger import (current_version, log_erasure_override, read_versions, refused_versions, retire_versions,
-                     retired_versions)
-from .neighbors import index_dir, index_is_fresh, write_index
-from .publish import anonymized_key, feature_matrix, published_shards
-from .datasets import ROLES, registered, roles_of
-from .settings import settings
-from .store import FeatureStore, ShardLatents, StoreError, labels_key
-from .storefs import join
+from splavu_core.ingest.datasets import ROLES, registered, roles_of
+from splavu_core.publish.anonymized_tables import anonymized_key, feature_matrix, published_shards
+from splavu_core.serve.catalog import build_catalog, catalog_dir
+from splavu_core.serve.neighbors import index_dir, index_is_fresh, write_index
+from splavu_core.settings import settings
+from splavu_core.store import forget_records as erasure
+from splavu_core.store.feature_store import FeatureStore, ShardLatents, StoreError, labels_key
+from splavu_core.store.fs import join
+from splavu_core.store.ledger import (
+    current_version,
+    log_erasure_override,
+    read_versions,
+    refused_versions,
+    retire_versions,
+    retired_versions,
+)
 
 VECTOR_TOL = 1e-6
 SHARD_LAYERS = ("latents", "anonymized", "manifests", "labels")  # rewritten per shard, not by the cache sweep
@@ -273,8 +279,8 @@ def _keep_mask(column, ids: set) -> np.ndarray:
 def _manifest_hash_after(store: FeatureStore, shard: str, marker: dict) -> str:
     """The hash a re-extraction of the shard computes now (tombstoned rows left out), so that it finds the shard
     up to date instead of extracting it again; the old one where the user's manifest cannot be read."""
-    from .extract import manifest_hash
-    from .datasets import shard_rows
+    from splavu_core.extract.shards import manifest_hash
+    from splavu_core.ingest.datasets import shard_rows
 
     try:
         return manifest_hash(shard_rows(store, shard)[1])
@@ -495,7 +501,7 @@ def verify(store: FeatureStore, needles, former: list[np.ndarray], skip=()) -> d
     vectors compared with the ids and the former vectors."""
     import zarr
 
-    from .storefs import open_root
+    from splavu_core.store.fs import open_root
 
     t0 = time.perf_counter()
     pat = _Needles(needles) if needles else None

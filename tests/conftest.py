@@ -30,7 +30,7 @@ def tiny_bench(tmp_path_factory):
 
     Benchmark v1: the pipeline tests do not depend on what the actions are, and v1's tiny set is a third
     smaller than v2's; v2's own content is tested in test_synth.py."""
-    from splavu_core.synth.datasets import generate
+    from splavu_core.ingest.synth.datasets import generate
 
     out = tmp_path_factory.mktemp("bench")
     summary = generate(out, "tiny", seed=0, workers=2, benchmark="v1")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from splavu_core.aam.train import TrainConfig, TrainingData, TrainingDataError, check_data, train_aam
-from splavu_core.features import VideoFeatures
+from splavu_core.tasks.features import VideoFeatures
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -108,7 +108,7 @@ def test_missing_shards_and_unknown_datasets_are_refused(tiny_store, tmp_path):
     import shutil
 
     from splavu_core.aam.train import load_training_data
-    from splavu_core.store import FeatureStore
+    from splavu_core.store.feature_store import FeatureStore
 
     copy = tmp_path / "store"
     shutil.copytree(tiny_store, copy)
@@ -123,7 +123,7 @@ def test_other_encoder_latents_are_refused(tiny_store, tmp_path):
     import shutil
 
     from splavu_core.aam.train import load_training_data
-    from splavu_core.store import FeatureStore, StoreError
+    from splavu_core.store.feature_store import FeatureStore, StoreError
 
     copy = tmp_path / "store"
     shutil.copytree(tiny_store, copy)
@@ -136,7 +136,7 @@ def test_other_encoder_latents_are_refused(tiny_store, tmp_path):
 
 ASSET_SCRIPT = """
 import sys, json, dagster as dg
-import splavu_core.encoders.vfm as vfm
+import splavu_core.extract.encoders.vfm as vfm
 def refuse(*a, **k):
     raise AssertionError("the encoder must never be loaded to train the AAM")
 vfm.load_encoder = refuse
@@ -222,7 +222,7 @@ def test_default_adapter_fit_reads_no_static_clip_beyond_the_diagnostics(tiny_st
     from utility labels; its weights are the same whether it sees 10 static clips per video, 4, or 2 (only the
     pair-matching diagnostics, which draw 2 of K, read them). So the headline figures cannot depend on K."""
     from splavu_core.aam.train import load_training_data
-    from splavu_core.store import FeatureStore
+    from splavu_core.store.feature_store import FeatureStore
 
     data = load_training_data(FeatureStore(tiny_store))
     K = data.static.shape[1]

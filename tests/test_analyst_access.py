@@ -4,12 +4,13 @@ Real DuckDB catalog over real Parquet and Zarr files of a hand-built store (no e
 import json
 
 import pytest
+from test_publish_catalog import make_adapter, publish, store  # noqa: F401  (store: a fixture)
 
 from pipeline.cli import main
-from splavu_core import analyst
-from splavu_core import catalog as cat
-from splavu_core import publish as pub
-from test_publish_catalog import make_adapter, publish, store  # noqa: F401  (store: a fixture)
+from splavu_core.publish import anonymized_tables as pub
+from splavu_core.serve import analyst
+from splavu_core.serve import catalog as cat
+from splavu_core.store import ledger
 
 
 def cli(capsys, *argv):
@@ -72,7 +73,7 @@ def test_a_refused_version_is_not_in_the_analyst_views(store, capsys):  # noqa: 
     through a path to its files; the engineer still reads them with publish.read_anonymized."""
     v1 = publish(store, make_adapter(store, seed=1), ["ar-000", "ar-001", "tad-000"])
     v2 = publish(store, make_adapter(store, seed=2), ["ar-000", "ar-001", "tad-000"], make_current=False)
-    pub.record_refusal(store, v2, "leakage removed 0.037 < budget 0.5")
+    ledger.record_refusal(store, v2, "leakage removed 0.037 < budget 0.5")
     cat.build_catalog(store)
     got = analyst.query(store, "SELECT DISTINCT aam_version FROM anonymized_features_all")["aam_version"].to_pylist()
     assert got == [v1]
@@ -84,7 +85,7 @@ def test_a_refused_version_is_not_in_the_analyst_views(store, capsys):  # noqa: 
 
 def test_sql_says_why_the_current_table_is_empty(store, capsys):  # noqa: F811
     v = publish(store, make_adapter(store), ["ar-000", "ar-001", "tad-000"], make_current=False)
-    pub.record_refusal(store, v, "leakage removed 0.037 < budget 0.5")
+    ledger.record_refusal(store, v, "leakage removed 0.037 < budget 0.5")
     cat.build_catalog(store)
     rc, out, err = cli(capsys, "--store", str(store.root), "sql", "SELECT count(*) AS n FROM anonymized_features")
     assert rc == 0 and "0" in out
@@ -99,8 +100,9 @@ def test_object_store_connection_is_locked_down_too(tmp_path, monkeypatch):
     credentials, so DuckDB's path check is what keeps analysts to the views' files."""
     import uuid
 
-    from splavu_core.store import FeatureStore
     from test_object_store import generation
+
+    from splavu_core.store.feature_store import FeatureStore
 
     monkeypatch.setenv("SPLAVU_CATALOG_DIR", str(tmp_path / "catalogs"))
     store = FeatureStore(f"memory://ro-{uuid.uuid4().hex[:8]}/store")

@@ -8,10 +8,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from splavu_core.aam.appearance_projection import apply_erasure, fit_erasure
 from splavu_core.aam.diagnostics import heldout_split, pair_matching_report
-from splavu_core.aam.erasure import apply_erasure, fit_erasure
-from splavu_core import ledger
-from splavu_core.store import FeatureStore
+from splavu_core.store import ledger
+from splavu_core.store.feature_store import FeatureStore
 
 SMALL = dict(epochs=3, batch=64, pretrain_head_epochs=2, lr=3e-3, tasks=("ar",),
              adapter={"layers": 1, "heads": 2, "sub_tokens": 4, "token_width": 16, "erase_rank": 4},
@@ -106,7 +106,8 @@ def test_training_never_reads_private_attribute_labels(store_copy):
 def test_oracle_is_refused_by_publish_and_promotion(store_copy):
     from splavu_core.aam.io import save_adapter
     from splavu_core.aam.train import TrainConfig, TrainingDataError, load_oracle_labels, load_training_data, train_aam
-    from splavu_core.publish import PublishError, anonymize_shard, record_version
+    from splavu_core.publish.anonymized_tables import anonymize_shard
+    from splavu_core.store.ledger import PublishError, record_version
 
     store = store_copy
     data = load_training_data(store, tad=None, ad=None)
@@ -124,7 +125,7 @@ def test_oracle_is_refused_by_publish_and_promotion(store_copy):
     record_version(store, version, {"encoder_fingerprint": fp, "config": acfg.to_dict()}, make_current=False)
     with pytest.raises(PublishError, match="oracle"):
         anonymize_shard(store, "ar-000", store.root / "aam" / version)
-    from splavu_core.gates import evaluate_gates
+    from splavu_core.evaluation.gates import evaluate_gates
 
     ok, why = evaluate_gates(store, version, privacy_threshold=-1.0, record=False)["privacy"]
     assert not ok and "oracle" in why

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from splavu_core import ledger
 from splavu_core.evaluation import attackers as A
 from splavu_core.evaluation import protocols as P
 from splavu_core.evaluation import trivial
-from splavu_core.evaluation.metrics import cmap
-from splavu_core.features import VideoFeatures
+from splavu_core.store import ledger
+from splavu_core.tasks.features import VideoFeatures
+from splavu_core.tasks.metrics import cmap
 
 D = 24
 

@@ -106,7 +106,7 @@ def test_attribute_visibility(tiny_bench):
 @pytest.fixture(scope="module")
 def tiny_v2_ar(tmp_path_factory):
     """action_visibility reads v2's interaction classes (the session's tiny benchmark is v1), with the masks."""
-    from splavu_core.synth.datasets import generate
+    from splavu_core.ingest.synth.datasets import generate
 
     out = tmp_path_factory.mktemp("bench_v2")
     generate(out, "tiny", seed=0, workers=2, datasets=("ar",))

@@ -106,8 +106,8 @@ def test_evaluate_says_each_skipped_task_once(tmp_path):
     from pipeline.cli import skip_lines
     from splavu_core.evaluation.scoring import score_sets
     from splavu_core.evaluation.suite import TASKS
-    from splavu_core.datasets import task_datasets
-    from splavu_core.store import FeatureStore
+    from splavu_core.ingest.datasets import task_datasets
+    from splavu_core.store.feature_store import FeatureStore
 
     datasets = task_datasets(FeatureStore(tmp_path))  # nothing registered: every task lacks its dataset
     res = score_sets({"raw": {}, "splavu": {}}, TASKS, datasets)
@@ -150,9 +150,9 @@ def test_demo_leaves_out_bias_and_gait_by_default_and_the_report_says_so(tmp_pat
     """The default demo runs ar, privacy, tad, ad; --with / --full add the Bias-F/M and gait sets. What was left
     out, and each stage's wall time, land in the report's cost section (not omitted silently)."""
     from pipeline.cli import demo_datasets
-    from splavu_core import costs
     from splavu_core.evaluation.report import costs_markdown
-    from splavu_core.store import FeatureStore, StoreError
+    from splavu_core.store import costs
+    from splavu_core.store.feature_store import FeatureStore, StoreError
 
     names, left = demo_datasets(None)
     assert names == ["ar", "privacy", "tad", "ad"] and set(left) == {"bias", "gait"}

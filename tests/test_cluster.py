@@ -48,7 +48,7 @@ def env():
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             mp.setenv(var, "1")
         mp.setenv("SPLAVU_PRIVACY_BUDGET", "-1")
-        mp.setenv("SPLAVU_UTILITY_GATE", "-1")  # the utility gate off too: not measured (splavu_core.gates)
+        mp.setenv("SPLAVU_UTILITY_GATE", "-1")  # the utility gate off too: not measured (splavu_core.evaluation.gates)
         yield
 
 
@@ -294,8 +294,8 @@ def test_run_granularity_makes_the_run_queue_hold_back_a_second_encoder_run(tmp_
     `granularity: run` the queued-run coordinator (its counter, given what the daemon gives it) keeps a
     second extract_latents run queued while one is in progress; with the local default (op) it
     releases it, and the dask executor would then run two encoder steps at once."""
-    from dagster._core.op_concurrency_limits_counter import GlobalOpConcurrencyLimitsCounter
     from dagster import DagsterRunStatus
+    from dagster._core.op_concurrency_limits_counter import GlobalOpConcurrencyLimitsCounter
 
     from pipeline.definitions import defs
 
@@ -333,9 +333,10 @@ def trained(tiny_store, instance, tmp_path_factory):
     the privacy-budget measurements the promotion gate and the check ask for are cached in the store."""
     from splavu_core.aam.io import adapter_version, save_adapter
     from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
-    from splavu_core.gates import measure_gates
-    from splavu_core.publish import anonymize_shard, record_version
-    from splavu_core.store import FeatureStore
+    from splavu_core.evaluation.gates import measure_gates
+    from splavu_core.publish.anonymized_tables import anonymize_shard
+    from splavu_core.store.feature_store import FeatureStore
+    from splavu_core.store.ledger import record_version
 
     root = tmp_path_factory.mktemp("trained") / "store"
     shutil.copytree(tiny_store, root, ignore=shutil.ignore_patterns(".*.lock"))

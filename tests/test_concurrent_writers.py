@@ -8,14 +8,20 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from splavu_core.store import CLIP_INDEX_SCHEMA, QUARANTINE_SCHEMA, STATIC_INDEX_SCHEMA, FeatureStore, ShardLatents
+from splavu_core.store.feature_store import (
+    CLIP_INDEX_SCHEMA,
+    QUARANTINE_SCHEMA,
+    STATIC_INDEX_SCHEMA,
+    FeatureStore,
+    ShardLatents,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
 WRITER = textwrap.dedent("""
     import sys
     from test_concurrent_writers import generation
-    from splavu_core.store import FeatureStore
+    from splavu_core.store.feature_store import FeatureStore
     store, n = FeatureStore(sys.argv[1]), int(sys.argv[2])
     for i in range(n):  # every commit replaces the shard: the other writer's staging must survive it
         store.write_shard("ar-000", generation(int(sys.argv[3]) + i), {"encoder_fingerprint": "fp"}, f"h{i}")
@@ -24,7 +30,7 @@ WRITER = textwrap.dedent("""
 PRODUCER = textwrap.dedent("""
     import os, sys, time
     from test_concurrent_writers import generation
-    from splavu_core.store import FeatureStore
+    from splavu_core.store.feature_store import FeatureStore
     store, log = FeatureStore(sys.argv[1]), sys.argv[2]
     def extract():  # the expensive part: it must run once for both processes
         with open(log, "a") as f:

@@ -5,12 +5,11 @@ import shutil
 import numpy as np
 import pytest
 import torch
-
-from splavu_core.encoders.preprocess import Preprocess
-from splavu_core.encoders.vfm import DEMO_CHECKPOINT, EncoderError, load_encoder
-from splavu_core.sampling import ClipSampling
-
 from conftest import save_tiny_videomae
+
+from splavu_core.extract.encoders.preprocess import Preprocess
+from splavu_core.extract.encoders.vfm import DEMO_CHECKPOINT, EncoderError, load_encoder
+from splavu_core.extract.sampling import ClipSampling
 
 
 def clips(n=2, t=16, seed=0):
@@ -109,8 +108,8 @@ def test_demo_encoder_training_resumes_from_a_saved_encoder_and_logs_v2_accuraci
     (interactions included) and saves safetensors the pipeline can load."""
     import json
 
-    from splavu_core.encoders import train_demo
-    from splavu_core.synth.figure import INTERACTIONS
+    from splavu_core.extract.encoders import train_demo
+    from splavu_core.ingest.synth.figure import INTERACTIONS
 
     init = save_tiny_videomae(tmp_path / "init", image_size=112)
     out = tmp_path / "out"

@@ -6,8 +6,8 @@ hand-checkable relations, never quality.
 import importlib
 import importlib.util
 import json
-import os
 import math
+import os
 import re
 import shutil
 
@@ -17,11 +17,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.runner import run_evaluation
-from splavu_core import costs
-from splavu_core.catalog import METRICS_SCHEMA
 from splavu_core.evaluation import suite
 from splavu_core.evaluation.report import fmt_change, report_markdown
-from splavu_core.store import FeatureStore
+from splavu_core.serve.catalog import METRICS_SCHEMA
+from splavu_core.store import costs
+from splavu_core.store.feature_store import FeatureStore
 
 SMALL_ADAPTER = {"layers": 1, "heads": 2, "sub_tokens": 4, "token_width": 16}
 FAST_PROBES = {"ar_epochs": 15, "tad_epochs": 5, "ad_epochs": 10, "privacy_epochs": 25}
@@ -41,7 +41,7 @@ def trained(tiny_store, tmp_path_factory):
     """A copy of tiny_store with one (tiny) trained AAM recorded, nothing published."""
     from splavu_core.aam.io import save_adapter
     from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
-    from splavu_core.publish import record_version
+    from splavu_core.store.ledger import record_version
 
     store = _copy(tiny_store, tmp_path_factory.mktemp("trained") / "store")
     cfg = TrainConfig.from_flat(dict(epochs=3, batch=64, pretrain_head_epochs=2, w_lc=1.0, lr=3e-3,
@@ -59,7 +59,8 @@ def trained(tiny_store, tmp_path_factory):
 @pytest.fixture(scope="module")
 def published(trained, tmp_path_factory):
     """The trained store with every shard anonymized and the version current."""
-    from splavu_core.publish import anonymize_shard, set_current
+    from splavu_core.publish.anonymized_tables import anonymize_shard
+    from splavu_core.store.ledger import set_current
 
     root, version = trained
     store = _copy(root, tmp_path_factory.mktemp("published") / "store")
@@ -76,7 +77,7 @@ def _stand_in_anonymized():
 
     @dg.asset(name="anonymized_features", partitions_def=shards, deps=["clip_latents"])
     def anonymized_features(context: dg.AssetExecutionContext, store: StoreResource):
-        from splavu_core.publish import anonymize_shard
+        from splavu_core.publish.anonymized_tables import anonymize_shard
 
         feature_store = store.store()
         version = suite.newest_version(feature_store)
@@ -156,7 +157,7 @@ def test_missing_dataset_is_skipped_and_said():
 
 def test_anonymize_videos_matches_published_table(published):
     from splavu_core.aam.io import load_adapter
-    from splavu_core.publish import load_video_features
+    from splavu_core.publish.anonymized_tables import load_video_features
 
     root, version = published
     store = FeatureStore(root)
@@ -273,7 +274,7 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
 def test_pixel_baselines_are_scored_and_costed_beside_splavu(published, run_baseline, tmp_path):
     from assets import evaluation as ev
     from assets.resources import StoreResource
-    from splavu_core import costs
+    from splavu_core.store import costs
 
     src, version = published
     store = _copy(src, tmp_path / "store")
@@ -463,8 +464,8 @@ def test_variant_configs():
 
 def test_definitions_load():
     from assets import aam, evaluation, latents, manifest
-    from pipeline import ablations
     from assets.resources import EncoderResource, StoreResource
+    from pipeline import ablations
 
     def real_or_stand_in(module, make):
         if importlib.util.find_spec(f"assets.{module}") is None:

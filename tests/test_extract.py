@@ -12,17 +12,17 @@ import dagster as dg
 import numpy as np
 import pytest
 
-from pipeline.definitions import defs
 from assets.partitions import shards
 from assets.resources import EncoderResource, StoreResource
+from pipeline.definitions import defs
 from pipeline.runner import ingest, materialize_shard
 from pipeline.sensors import inbox_sensor
-from splavu_core.extract import extract_shard
-from splavu_core.manifest import load_manifest
-from splavu_core.store import FeatureStore, StoreError
-from splavu_core.synth.render import render
-from splavu_core.synth.figure import random_actor
-from splavu_core.video import write_mp4
+from splavu_core.extract.shards import extract_shard
+from splavu_core.ingest.manifest import load_manifest
+from splavu_core.ingest.synth.figure import random_actor
+from splavu_core.ingest.synth.render import render
+from splavu_core.ingest.video import write_mp4
+from splavu_core.store.feature_store import FeatureStore, StoreError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -84,8 +84,8 @@ def test_bad_videos_are_quarantined_not_fatal(small_dataset, tiny_videomae, tmp_
 
 
 def test_clip_index_matches_sampling(small_dataset, tiny_videomae):
-    from splavu_core.encoders.vfm import load_encoder
-    from splavu_core.sampling import ClipSampling
+    from splavu_core.extract.encoders.vfm import load_encoder
+    from splavu_core.extract.sampling import ClipSampling
 
     rows = load_manifest(small_dataset / "manifest.csv").rows[:2]
     out = extract_shard("t-000", rows, small_dataset, load_encoder(tiny_videomae, device="cpu"), ClipSampling(static_k=0))
@@ -119,11 +119,11 @@ def test_rerun_is_idempotent_and_other_encoder_is_refused(small_dataset, tiny_vi
 KILL_SCRIPT = textwrap.dedent("""
     import os, sys, signal
     import pyarrow.parquet as pq
-    from splavu_core.encoders.vfm import load_encoder
-    from splavu_core.extract import extract_shard, manifest_hash
-    from splavu_core.datasets import shard_rows
-    from splavu_core.sampling import ClipSampling
-    from splavu_core.store import FeatureStore
+    from splavu_core.extract.encoders.vfm import load_encoder
+    from splavu_core.extract.shards import extract_shard, manifest_hash
+    from splavu_core.ingest.datasets import shard_rows
+    from splavu_core.extract.sampling import ClipSampling
+    from splavu_core.store.feature_store import FeatureStore
     store, shard, ckpt = FeatureStore(sys.argv[1]), sys.argv[2], sys.argv[3]
     real = pq.write_table
     def write_then_die(table, where, **kw):  # killed mid-shard: after the Zarr arrays, at the first index table
@@ -231,9 +231,9 @@ def test_fast_extraction_keeps_the_demo_encoders_latents_bit_for_bit(tiny_bench,
     mixed batches of clips and static clips) gives exactly the latents of the plain one-clip-at-a-time path, on
     a real 576x768 H.264 video (the resize path) and on synthetic 112 px ones (no resize); and the demo encoder's
     fingerprint is the one every store of it records."""
-    from splavu_core.encoders.vfm import load_encoder
-    from splavu_core.sampling import ClipSampling
-    from splavu_core.video import DecordVideo
+    from splavu_core.extract.encoders.vfm import load_encoder
+    from splavu_core.extract.sampling import ClipSampling
+    from splavu_core.ingest.video import DecordVideo
 
     enc = load_encoder(device="cpu")
     # weights + config + preprocessing + sampling: K = 4 static clips since the demo was resized (stores of K = 10

@@ -19,18 +19,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from pipeline.cli import main
-from assets.resources import EncoderResource, StoreResource
-from pipeline.runner import materialize_shard, run_reanonymize
-from splavu_core import analyst, erasure
-from splavu_core import catalog as cat
-from splavu_core import forget as fg
-from splavu_core import publish as pub
-from splavu_core.ledger import current_version, retired_versions
-from splavu_core.store import FeatureStore
 from test_object_store import s3  # noqa: F401  (the moto server, a fixture)
 from test_reanonymize import train_aam
+
+from assets.resources import EncoderResource, StoreResource
+from pipeline.cli import main
+from pipeline.runner import materialize_shard, run_reanonymize
+from splavu_core import forget as fg
+from splavu_core.publish import anonymized_tables as pub
+from splavu_core.serve import analyst
+from splavu_core.serve import catalog as cat
+from splavu_core.store import forget_records as erasure
+from splavu_core.store import ledger
+from splavu_core.store.feature_store import FeatureStore
+from splavu_core.store.ledger import current_version, retired_versions
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -245,13 +247,14 @@ def test_allow_forgotten_readmits_and_is_logged(env, capsys, tiny_bench):
 # ---------------------------------------------------------------- object storage
 
 def test_forget_on_s3_leaves_no_trace_and_no_replaced_attempt(s3, capsys, tmp_path):
-    from splavu_core import catalog as cat
-    from splavu_core.aam import AAMConfig, AnonymizingAdapter, save_adapter
-    from splavu_core.neighbors import write_index
-    from splavu_core.store import QUARANTINE_SCHEMA, ShardLatents
-    from test_object_store import BUCKET, s3_url
     import boto3
     import torch
+    from test_object_store import BUCKET, s3_url
+
+    from splavu_core.aam import AAMConfig, AnonymizingAdapter, save_adapter
+    from splavu_core.serve import catalog as cat
+    from splavu_core.serve.neighbors import write_index
+    from splavu_core.store.feature_store import QUARANTINE_SCHEMA, ShardLatents
 
     url = s3_url("forget")
     store = FeatureStore(url)
@@ -282,7 +285,7 @@ def test_forget_on_s3_leaves_no_trace_and_no_replaced_attempt(s3, capsys, tmp_pa
     version = save_adapter(adapter, cfg, tmp_path / "aam", "fp")
     for s in ("ar-000", "ar-001"):
         pub.anonymize_shard(store, s, tmp_path / "aam")
-    pub.record_version(store, version, {"encoder_fingerprint": "fp", "config": cfg.to_dict()}, {})
+    ledger.record_version(store, version, {"encoder_fingerprint": "fp", "config": cfg.to_dict()}, {})
     cat.build_catalog(store)
     write_index(store, version)
     assert len(store.files.listdir("latents/ar-000/attempts")) == 2
@@ -386,7 +389,7 @@ def test_the_receipt_is_in_the_erasures_view_when_forget_returns(tmp_path, capsy
 
 @pytest.mark.parametrize("keep", [False, True])
 def test_versions_fitted_on_the_videos_are_retired_or_kept_on_record(tmp_path, keep):
-    from splavu_core.ledger import ledger_log, promote
+    from splavu_core.store.ledger import ledger_log, promote
 
     s, v = fitted_store(tmp_path)
     targets, _ = fg.resolve(s, videos=["ar-000_v0"])  # a train video of a training dataset
@@ -402,7 +405,7 @@ def test_versions_fitted_on_the_videos_are_retired_or_kept_on_record(tmp_path, k
     else:
         assert "retire" in actions and current_version(s) is None and v in retired_versions(s)
         assert not s.files.exists(f"anonymized/{v}") and not s.files.exists(f"aam/{v}")
-        with pytest.raises(pub.PublishError, match="retired"):
+        with pytest.raises(ledger.PublishError, match="retired"):
             promote(s, v, force=True, reason="try")
 
 

@@ -14,11 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from splavu_core import ledger
 from splavu_core.evaluation import stats
 from splavu_core.evaluation.scoring import carve_validation, score_sets, task_split
-from splavu_core.features import VideoFeatures
-from splavu_core.store import QUARANTINE_SCHEMA, FeatureStore, ShardLatents
+from splavu_core.store import ledger
+from splavu_core.store.feature_store import QUARANTINE_SCHEMA, FeatureStore, ShardLatents
+from splavu_core.tasks.features import VideoFeatures
 
 D = 8
 FP = "videomae-gates"
@@ -108,8 +108,8 @@ def gated_store(tmp_path, monkeypatch):
 
 
 def _publish(store, version):
-    from pipeline.runner import run_reanonymize
     from assets.resources import StoreResource
+    from pipeline.runner import run_reanonymize
 
     inst = dg.DagsterInstance.ephemeral()
     return run_reanonymize(inst, StoreResource(root=str(store.root)), version=version)
@@ -210,8 +210,8 @@ def test_refused_version_shows_a_failed_blocking_check_in_dagster(gated_store):
     from assets.anonymized import anonymized_features
     from assets.evaluation import privacy_budget, utility_budget
     from assets.partitions import shards
-    from pipeline.reanonymize import anonymize_run_config
     from assets.resources import StoreResource
+    from pipeline.reanonymize import anonymize_run_config
 
     store = gated_store
     eraser = save_version(store, "eraser")

@@ -5,11 +5,29 @@ import numpy as np
 import pytest
 import torch
 
-from splavu_core.evaluation.protocols import (action_recognition, anomaly_detection, bias, eval_clip_indices,
-                                              gait_retrieval, privacy_attack, temporal_detection)
-from splavu_core.features import VideoFeatures
-from splavu_core.heads import (ADHead, ARHead, TADHead, ad_mil_loss, ad_segments, pad_sequences,
-                               sigmoid_focal_loss, stack_tad_targets, tad_decode, tad_loss, tad_targets)
+from splavu_core.evaluation.protocols import (
+    action_recognition,
+    anomaly_detection,
+    bias,
+    eval_clip_indices,
+    gait_retrieval,
+    privacy_attack,
+    temporal_detection,
+)
+from splavu_core.tasks.features import VideoFeatures
+from splavu_core.tasks.heads import (
+    ADHead,
+    ARHead,
+    TADHead,
+    ad_mil_loss,
+    ad_segments,
+    pad_sequences,
+    sigmoid_focal_loss,
+    stack_tad_targets,
+    tad_decode,
+    tad_loss,
+    tad_targets,
+)
 
 torch.set_num_threads(1)
 

@@ -5,12 +5,11 @@ import dagster as dg
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from test_anonymizer_privacy import flip_private_labels, toy_videos
 
 from splavu_core.aam.keep import apply_keep, apply_recentre, fit_keep, fit_recentre
-from splavu_core.features import VideoFeatures
-from splavu_core.store import FeatureStore
-
-from test_anonymizer_privacy import flip_private_labels, toy_videos
+from splavu_core.store.feature_store import FeatureStore
+from splavu_core.tasks.features import VideoFeatures
 
 KEEP = dict(epochs=2, batch=64, pretrain_head_epochs=1, tasks=("ar",), adapter={"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0},
             diagnose_points=1, diagnose_steps=30)
@@ -118,7 +117,7 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store, 
 
     from splavu_core.aam.train import TrainConfig, fit_closed_form, load_training_data, n_centroids, train_aam
     from splavu_core.evaluation.suite import anonymize_videos
-    from splavu_core.publish import load_video_features
+    from splavu_core.publish.anonymized_tables import load_video_features
 
     store = FeatureStore(tiny_store)
     data = load_training_data(store, ad=None)
@@ -192,11 +191,12 @@ def test_a_keep_adapter_publishes_k_wide_tables_end_to_end(tiny_store, tmp_path,
     view and the in-memory evaluation all see 4-wide features."""
     from assets.aam import aam_model
     from assets.resources import StoreResource
-    from splavu_core.analyst import query
-    from splavu_core.catalog import build_catalog
     from splavu_core.evaluation.scoring import score_sets
     from splavu_core.evaluation.suite import load_feature_sets
-    from splavu_core.publish import anonymize_shard, load_video_features, read_versions, set_current
+    from splavu_core.publish.anonymized_tables import anonymize_shard, load_video_features
+    from splavu_core.serve.analyst import query
+    from splavu_core.serve.catalog import build_catalog
+    from splavu_core.store.ledger import read_versions, set_current
 
     root = tmp_path / "store"
     shutil.copytree(tiny_store, root)
@@ -288,10 +288,9 @@ def test_the_demos_curve_takes_raw_and_the_default_from_the_gates_of_the_same_pr
     raw scored again."""
     from assets.aam import aam_model
     from assets.resources import StoreResource
-    from splavu_core import gates
+    from splavu_core.evaluation import gates, scoring
     from splavu_core.evaluation import keep_curve as kc
-    from splavu_core.evaluation import scoring
-    from splavu_core.publish import anonymize_shard
+    from splavu_core.publish.anonymized_tables import anonymize_shard
 
     root = tmp_path / "store"
     shutil.copytree(tiny_store, root)

@@ -4,7 +4,7 @@ Every import counts, at module level or inside a function: an import moved into 
 Python's loader, not from the design. The graph is read from the source (AST), so nothing is imported here.
 
 The last circle, publish -> neighbors -> evaluation.suite -> catalog -> publish, went when versions, verdicts and
-promotions moved into the bottom-layer splavu_core/ledger.py (issue 19) and index pruning moved from publish's
+promotions moved into the bottom-layer splavu_core/store/ledger.py (issue 19) and index pruning moved from publish's
 retention to its caller (anonymized_features).
 """
 import ast
@@ -79,7 +79,7 @@ def test_the_graph_sees_imports_inside_functions():
     """The reader itself: a function-level relative import is an edge (publish imports aam.io only inside
     _load_checked_adapter)."""
     known = modules()
-    assert "splavu_core.aam.io" in imports_of("splavu_core.publish", known["splavu_core.publish"], known)
+    assert "splavu_core.aam.io" in imports_of("splavu_core.publish.anonymized_tables", known["splavu_core.publish.anonymized_tables"], known)
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
 
 
@@ -110,6 +110,40 @@ def test_layers_point_one_way():
     """assets/ never imports pipeline/, splavu_core/ neither of them (resources and partitions live in assets/)."""
     found = upward_imports(modules())
     assert not found, f"upward imports: {found}"
+
+
+# ---------------------------------------------------------------- splavu_core's stages, in data-flow order
+
+# A stage imports its own modules and the stages before it, never one after it (function-level imports included).
+STAGES = ("settings", "threads", "store", "ingest", "extract", "tasks", "aam", "publish", "serve", "evaluation",
+          "forget")
+
+
+def stage_of(module: str) -> str:
+    return module.split(".")[1]
+
+
+def backward_imports(known: dict) -> list[str]:
+    """`a -> b` for every splavu_core import of a later stage than the importer's."""
+    core = {n: p for n, p in known.items() if n.startswith("splavu_core.")}
+    return sorted(f"{name} -> {t}" for name, path in core.items() for t in imports_of(name, path, known)
+                  if t.startswith("splavu_core.") and STAGES.index(stage_of(t)) > STAGES.index(stage_of(name)))
+
+
+def test_the_stage_reader_sees_a_later_stage():
+    known = {"splavu_core.store.fs": _source("from splavu_core.publish.tables import x\n"),
+             "splavu_core.publish.tables": _source("from splavu_core.store.fs import y\n")}
+    assert backward_imports(known) == ["splavu_core.store.fs -> splavu_core.publish.tables"]
+
+
+def test_every_module_belongs_to_a_stage():
+    strays = sorted(n for n in modules() if n.startswith("splavu_core.") and stage_of(n) not in STAGES)
+    assert not strays, f"modules outside the stages {STAGES}: {strays} (put each in the stage it serves)"
+
+
+def test_stages_point_one_way():
+    found = backward_imports(modules())
+    assert not found, f"imports of a later stage: {found}"
 
 
 # ---------------------------------------------------------------- dagster's public API only

@@ -5,7 +5,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from splavu_core.manifest import ManifestError, load_manifest
+from splavu_core.ingest.manifest import ManifestError, load_manifest
 
 HEADER = "video_id,path,split,action,segments,anomaly,anomaly_intervals,attr_hat\n"
 

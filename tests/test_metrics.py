@@ -4,10 +4,21 @@ import pytest
 from sklearn.metrics import average_precision_score, f1_score, roc_auc_score
 
 from splavu_core.evaluation import stats
-from splavu_core.evaluation.metrics import (chance_cmap, cmap, cmap_resamples, frame_auc, frame_labels, frame_scores,
-                                            interpolated_ap, macro_f1, segment_iou, tad_map, top1)
 from splavu_core.evaluation.suite import leakage_removed_or_none, relative_change_or_none
-from splavu_core.features import VideoFeatures
+from splavu_core.tasks.features import VideoFeatures
+from splavu_core.tasks.metrics import (
+    chance_cmap,
+    cmap,
+    cmap_resamples,
+    frame_auc,
+    frame_labels,
+    frame_scores,
+    interpolated_ap,
+    macro_f1,
+    segment_iou,
+    tad_map,
+    top1,
+)
 
 
 def video(vid, n_clips, clip_s, n_frames, fps, **meta):
@@ -215,8 +226,8 @@ def test_frame_auc_of_every_resample_at_once_equals_one_call_per_resample():
 
 
 def test_tad_map_of_every_resample_at_once_equals_one_call_per_resample():
-    from splavu_core.evaluation.metrics import tad_map, tad_map_resamples, tad_tables
     from splavu_core.evaluation.stats import bootstrap_indices
+    from splavu_core.tasks.metrics import tad_map, tad_map_resamples, tad_tables
 
     rng = np.random.default_rng(0)
     gts, dets = [], []

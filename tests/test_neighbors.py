@@ -1,4 +1,4 @@
-"""The neighbour index (splavu_core.neighbors): exact against DuckDB's query and against a brute-force reference,
+"""The neighbour index (splavu_core.serve.neighbors): exact against DuckDB's query and against a brute-force reference,
 built from published features only, bypassed when stale, pruned with its version's tables; the approximate (faiss
 IVF) mode on the same rows."""
 import json
@@ -6,12 +6,12 @@ import json
 import numpy as np
 import pyarrow as pa
 import pytest
-
-from splavu_core import analyst
-from splavu_core import catalog as cat
-from splavu_core import neighbors as nn
-from splavu_core import publish as pub
 from test_publish_catalog import make_adapter, publish, store, write_fake_shard  # noqa: F401  (store: a fixture)
+
+from splavu_core.publish import anonymized_tables as pub
+from splavu_core.serve import analyst
+from splavu_core.serve import catalog as cat
+from splavu_core.serve import neighbors as nn
 
 
 def test_index_answers_what_duckdb_answers(store):

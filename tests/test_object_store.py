@@ -17,11 +17,17 @@ import uuid
 import numpy as np
 import pyarrow as pa
 import pytest
-
-from splavu_core.store import (CLIP_INDEX_SCHEMA, QUARANTINE_SCHEMA, STATIC_INDEX_SCHEMA, FeatureStore, ShardLatents,
-                               StoreError)
-from splavu_core.storefs import Lease, StoreFSError, join, open_root
 from test_extract import KILL_SCRIPT, REPO, run, shard_bytes, small_dataset  # noqa: F401  (small_dataset: a fixture)
+
+from splavu_core.store.feature_store import (
+    CLIP_INDEX_SCHEMA,
+    QUARANTINE_SCHEMA,
+    STATIC_INDEX_SCHEMA,
+    FeatureStore,
+    ShardLatents,
+    StoreError,
+)
+from splavu_core.store.fs import Lease, StoreFSError, join, open_root
 
 BUCKET = "splavu-test"
 LOCK_TTL_S = "3"  # short leases: a SIGKILLed writer's lease expires within the test
@@ -232,8 +238,8 @@ def test_a_shard_replaced_mid_read_is_never_seen_half_old_half_new(s3, monkeypat
     kept = {f"attempts/{a}" for a in writer.files.listdir("latents/ar-000/attempts")}
     assert len(kept) == 2 and writer.committed("ar-000")["data"] in kept  # the current and the one it replaced
     assert (first in kept) == (replacements == 1)  # older generations are deleted by the next writer
-    from splavu_core import analyst
-    from splavu_core import catalog as cat
+    from splavu_core.serve import analyst
+    from splavu_core.serve import catalog as cat
 
     cat.build_catalog(writer)  # the clips view reads the committed attempt only, not every attempt on the bucket
     assert analyst.query(writer, "SELECT DISTINCT shard, start_s FROM clips").to_pylist() == \
@@ -286,15 +292,15 @@ def test_killed_writer_leaves_nothing_visible_and_rerun_equals_a_clean_write(s3,
 
 def test_end_to_end_on_s3_matches_local_disk(s3, tiny_store, tiny_bench, tiny_videomae, monkeypatch, capsys):
     import dagster as dg
-
-    from pipeline.runner import run_reanonymize
-    from assets.resources import EncoderResource, StoreResource
-    from pipeline.runner import ingest, materialize_shard
-    from splavu_core import catalog as cat
-    from splavu_core import publish as pub
-    from splavu_core.aam.io import load_adapter
-    from splavu_core.datasets import registered
     from test_reanonymize import cli, train_aam
+
+    from assets.resources import EncoderResource, StoreResource
+    from pipeline.runner import ingest, materialize_shard, run_reanonymize
+    from splavu_core.aam.io import load_adapter
+    from splavu_core.ingest.datasets import registered
+    from splavu_core.publish import anonymized_tables as pub
+    from splavu_core.serve import catalog as cat
+    from splavu_core.store import ledger
 
     monkeypatch.setenv("SPLAVU_PRIVACY_BUDGET", "-1")  # a 2-epoch AAM on a random encoder: promotion mechanics only
     monkeypatch.setenv("SPLAVU_UTILITY_GATE", "-1")
@@ -316,7 +322,7 @@ def test_end_to_end_on_s3_matches_local_disk(s3, tiny_store, tiny_bench, tiny_vi
 
     version = train_aam(inst, resource, tasks=["ar"])
     out = run_reanonymize(inst, resource)  # one Dagster run per shard, then the catalog
-    assert all(not s["skipped"] for s in out["shards"].values()) and pub.current_version(store) == version
+    assert all(not s["skipped"] for s in out["shards"].values()) and ledger.current_version(store) == version
     assert store.files.isfile(f"reports/gates/{version}.json")  # the gates measured the version on S3 to promote it
     adapter, cfg, meta = load_adapter(store.loc("aam", version))  # safetensors bytes from S3; hash re-checked
     assert meta["version"] == version and store.files.isfile(f"aam/{version}/loss_curves.png")

@@ -8,10 +8,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from splavu_core.pixel import (BASELINES, HogPeopleDetector, PixelAnonymizer, PixelError, PixelTransform,
-                               RenderedMasks, read_masks)
-from splavu_core.masks import mask_path
-from splavu_core.store import FeatureStore, StoreError
+from splavu_core.extract.pixel import (
+    BASELINES,
+    HogPeopleDetector,
+    PixelAnonymizer,
+    PixelError,
+    PixelTransform,
+    RenderedMasks,
+    read_masks,
+)
+from splavu_core.ingest.masks import mask_path
+from splavu_core.store.feature_store import FeatureStore, StoreError
 
 VTEST = Path(__file__).parent / "data" / "vtest_people.mp4"
 
@@ -88,8 +95,8 @@ def test_provenance_suffixes_the_fingerprint_per_transform():
 # ---------------------------------------------------------------- person masks
 
 def test_rendered_masks_are_exactly_where_the_actor_is(tiny_bench):
-    from splavu_core.synth.datasets import plan, render_plan
-    from splavu_core.synth.figure import COOL_COLOURS, HAIR_COLOURS, SKIN_TONES
+    from splavu_core.ingest.synth.datasets import plan, render_plan
+    from splavu_core.ingest.synth.figure import COOL_COLOURS, HAIR_COLOURS, SKIN_TONES
 
     bench, _ = tiny_bench
     p = plan("tiny", 0)["ar"][0]
@@ -108,7 +115,7 @@ def test_rendered_masks_are_exactly_where_the_actor_is(tiny_bench):
 
 
 def test_hog_finds_the_pedestrians_in_a_real_video():
-    from splavu_core.video import DecordVideo
+    from splavu_core.ingest.video import DecordVideo
 
     v = DecordVideo(VTEST)
     idx = np.arange(0, v.info.n_frames, 4)
@@ -132,7 +139,7 @@ def _tree_hash(d: Path) -> dict:
 
 
 def test_baseline_stores_are_their_own_and_never_touch_raw(tiny_store, run_baseline, tmp_path):
-    from splavu_core import costs
+    from splavu_core.store import costs
 
     root = tmp_path / "store"
     shutil.copytree(tiny_store, root)

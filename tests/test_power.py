@@ -4,8 +4,8 @@ import json
 import math
 import re
 
-from splavu_core import ledger
 from splavu_core.evaluation import report
+from splavu_core.store import ledger
 
 PART = {"leakage_removed": 0.6, "leakage_removed_ci_low": -0.2, "leakage_removed_ci_high": 1.3, "anonymized_cmap": 0.5,
         "chance_cmap": 0.4, "n_videos": 63, "n_subjects": 12, "strongest_anonymized": "mlp"}

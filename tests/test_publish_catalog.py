@@ -13,12 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from splavu_core import analyst
-from splavu_core import catalog as cat
-from splavu_core import publish as pub
-from splavu_core.tables import format_table
 from splavu_core.aam import AAMConfig, AnonymizingAdapter, save_adapter
-from splavu_core.store import QUARANTINE_SCHEMA, FeatureStore, ShardLatents
+from splavu_core.publish import anonymized_tables as pub
+from splavu_core.serve import analyst
+from splavu_core.serve import catalog as cat
+from splavu_core.serve.tables import format_table
+from splavu_core.store import ledger
+from splavu_core.store.feature_store import QUARANTINE_SCHEMA, FeatureStore, ShardLatents
 
 D = 16
 FP = "videomae-test"
@@ -83,7 +84,7 @@ def publish(store, adapter_dir, shards, make_current=True) -> str:
     for s in shards:
         pub.anonymize_shard(store, s, adapter_dir)
     meta = json.loads((adapter_dir / "adapter.json").read_text())
-    pub.record_version(store, meta["version"], meta, {"ar_top1": 0.5}, make_current=make_current)
+    ledger.record_version(store, meta["version"], meta, {"ar_top1": 0.5}, make_current=make_current)
     return meta["version"]
 
 
@@ -139,7 +140,7 @@ def test_no_raw_latents_guard_catches_a_leak(store):
     leaky[7] = -0.0 * raw[3] + raw[3]  # exact copy through arithmetic
     table = pa.table({"video_id": ["x"] * len(raw), "clip_index": list(range(len(raw))),
                       "feature": pa.FixedSizeListArray.from_arrays(pa.array(leaky.reshape(-1)), D)})
-    with pytest.raises(pub.PublishError, match="2 of 12 published feature rows equal a raw latent row; first: video 'x' clip 5"):
+    with pytest.raises(ledger.PublishError, match="2 of 12 published feature rows equal a raw latent row; first: video 'x' clip 5"):
         pub.assert_no_raw_latents(table, raw)
     ok = pa.table({"feature": pa.FixedSizeListArray.from_arrays(pa.array((raw + 1e-3).reshape(-1)), D)})
     pub.assert_no_raw_latents(ok, raw)
@@ -147,7 +148,7 @@ def test_no_raw_latents_guard_catches_a_leak(store):
 
 def test_identity_adapter_is_refused(store):
     ad = make_adapter(store, identity=True)
-    with pytest.raises(pub.PublishError, match="adapter is the identity.*refusing to publish raw latents"):
+    with pytest.raises(ledger.PublishError, match="adapter is the identity.*refusing to publish raw latents"):
         pub.anonymize_shard(store, "ar-000", ad)
     assert not pub.anonymized_path(store, version_of(ad), "ar-000").exists()
 
@@ -156,13 +157,13 @@ def test_missing_and_other_encoder_adapters_are_refused(store):
     good = make_adapter(store)
     first = pub.anonymize_shard(store, "ar-000", good)
     before = Path(first["path"]).read_bytes()
-    with pytest.raises(pub.PublishError, match="no AAM adapter at"):
+    with pytest.raises(ledger.PublishError, match="no AAM adapter at"):
         pub.anonymize_shard(store, "ar-000", store.root / "aam" / "nope")
     other = make_adapter(store, seed=2, fp="vjepa2-other")
-    with pytest.raises(pub.PublishError, match="'vjepa2-other'.*'videomae-test'"):
+    with pytest.raises(ledger.PublishError, match="'vjepa2-other'.*'videomae-test'"):
         pub.anonymize_shard(store, "ar-000", other)
-    with pytest.raises(pub.PublishError, match="encoder"):
-        pub.record_version(store, version_of(other), {"encoder_fingerprint": "vjepa2-other", "config": {}})
+    with pytest.raises(ledger.PublishError, match="encoder"):
+        ledger.record_version(store, version_of(other), {"encoder_fingerprint": "vjepa2-other", "config": {}})
     assert not pub.anonymized_dir(store, version_of(other)).exists()
     assert Path(first["path"]).read_bytes() == before
     assert pub.read_anonymized(store, version_of(good)).num_rows == 12
@@ -171,17 +172,17 @@ def test_missing_and_other_encoder_adapters_are_refused(store):
 def test_versions_current_switch_and_retention(store):
     shards = ["ar-000", "tad-000"]
     v1, v2, v3 = (publish(store, make_adapter(store, seed=s), shards) for s in (1, 2, 3))
-    assert len({v1, v2, v3}) == 3 and pub.current_version(store) == v3
-    t = pub.read_versions(store)
-    assert t.schema == pub.VERSIONS_SCHEMA and sum(t["is_current"].to_pylist()) == 1
+    assert len({v1, v2, v3}) == 3 and ledger.current_version(store) == v3
+    t = ledger.read_versions(store)
+    assert t.schema == ledger.VERSIONS_SCHEMA and sum(t["is_current"].to_pylist()) == 1
     assert json.loads(t.filter(pa.compute.equal(t["version"], v1))["metrics"][0].as_py()) == {"ar_top1": 0.5}
     assert pub.read_anonymized(store)["aam_version"].unique().to_pylist() == [v3]
     # the versions coexist, each readable
     assert pub.read_anonymized(store, v1).num_rows == pub.read_anonymized(store, v2).num_rows == 18
-    pub.set_current(store, v1)  # roll back to the oldest
-    assert pub.current_version(store) == v1 and sum(pub.read_versions(store)["is_current"].to_pylist()) == 1
-    pub.record_version(store, v2, {"encoder_fingerprint": FP, "config": {}}, {}, make_current=False)
-    assert pub.current_version(store) == v1
+    ledger.set_current(store, v1)  # roll back to the oldest
+    assert ledger.current_version(store) == v1 and sum(ledger.read_versions(store)["is_current"].to_pylist()) == 1
+    ledger.record_version(store, v2, {"encoder_fingerprint": FP, "config": {}}, {}, make_current=False)
+    assert ledger.current_version(store) == v1
     out = pub.apply_retention(store, keep=1)
     assert out["deleted"] == [v2] and set(out["kept"]) == {v1, v3} and out["bytes_freed"] > 0
     assert not pub.anonymized_dir(store, v2).exists()
@@ -192,9 +193,9 @@ def test_versions_current_switch_and_retention(store):
 def test_purge_raw_latents_refuses_then_purges(store):
     v = publish(store, make_adapter(store), ["ar-000"])
     raw_dirs = [store.shard_dir(s) for s in ("ar-000", "ar-001")]
-    with pytest.raises(pub.PublishError, match="allow_retraining"):
+    with pytest.raises(ledger.PublishError, match="allow_retraining"):
         pub.purge_raw_latents(store, ["ar-000"], v)
-    with pytest.raises(pub.PublishError, match="nothing deleted.*ar-001 \\(no anonymized table"):
+    with pytest.raises(ledger.PublishError, match="nothing deleted.*ar-001 \\(no anonymized table"):
         pub.purge_raw_latents(store, ["ar-000", "ar-001"], v, allow_retraining=False)
     assert all((d / "latents.zarr").is_dir() for d in raw_dirs)
     pub.anonymize_shard(store, "ar-001", make_adapter(store))
@@ -206,7 +207,7 @@ def test_purge_raw_latents_refuses_then_purges(store):
     out = pub.apply_retention(store, keep=1)
     assert out["deleted"] == [v] and sorted(out["protected"]) == [f"{v}/ar-000", f"{v}/ar-001"]
     videos = pub.load_video_features(store, "anonymized", version=v)
-    assert len(videos) == 8 and pub.current_version(store) == v2
+    assert len(videos) == 8 and ledger.current_version(store) == v2
 
 
 def test_load_video_features_raw_and_anonymized(store):
@@ -233,7 +234,7 @@ def test_corrupted_part_is_named_and_the_rest_stays_readable(store):
     cat.build_catalog(store)
     bad = pub.anonymized_path(store, v2, "ar-001")
     bad.write_bytes(b"PAR1 this is not parquet" * 10)
-    with pytest.raises(pub.PublishError, match=str(bad)):
+    with pytest.raises(ledger.PublishError, match=str(bad)):
         pub.read_anonymized(store)
     assert pub.read_anonymized(store, shards=["ar-000"]).num_rows == 12
     assert pub.read_anonymized(store, v1).num_rows == 24
@@ -351,5 +352,5 @@ def test_format_table():
 
 
 def test_publish_and_catalog_never_import_the_encoder():
-    code = "import splavu_core.publish, splavu_core.catalog, sys; assert 'transformers' not in sys.modules"
+    code = "import splavu_core.publish.anonymized_tables, splavu_core.serve.catalog, sys; assert 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])

@@ -4,16 +4,15 @@ and an unusable file is quarantined with the decoder's own reason, never failing
 import dagster as dg
 import numpy as np
 import pytest
+from test_extract import run
 
 from assets.resources import StoreResource
 from pipeline.runner import ingest
-from splavu_core.encoders.vfm import load_encoder
-from splavu_core.extract import extract_shard
-from splavu_core.sampling import ClipSampling
-from splavu_core.store import FeatureStore
-from splavu_core.video import write_mp4, write_video
-from test_extract import run
-
+from splavu_core.extract.encoders.vfm import load_encoder
+from splavu_core.extract.sampling import ClipSampling
+from splavu_core.extract.shards import extract_shard
+from splavu_core.ingest.video import write_mp4, write_video
+from splavu_core.store.feature_store import FeatureStore
 
 # What libav says about bytes that are no video, by message class: which one depends on what its probes make of the
 # bytes (random bytes have been read as a subtitle stream), so a test accepts every class, not one message.
@@ -78,7 +77,7 @@ def test_mixed_resolutions_rates_and_containers_extract_in_one_shard(mixed_datas
     assert sorted(set(ids)) == ["cif", "odd", "pal"] and data.static.shape[0] == 3
     # each video's latents are what it gets alone (a one-video shard): nothing depends on its shard-mates
     enc, sampling = load_encoder(tiny_videomae, device="cpu"), ClipSampling()
-    from splavu_core.manifest import load_manifest
+    from splavu_core.ingest.manifest import load_manifest
 
     for row in load_manifest(mixed_dataset / "manifest.csv").rows:
         if row["video_id"] in q:
@@ -94,7 +93,7 @@ def test_mixed_resolutions_rates_and_containers_extract_in_one_shard(mixed_datas
 
 
 def test_quarantine_keeps_the_decoders_own_reason(mixed_dataset, tiny_videomae):
-    from splavu_core.manifest import load_manifest
+    from splavu_core.ingest.manifest import load_manifest
 
     rows = [r for r in load_manifest(mixed_dataset / "manifest.csv").rows
             if r["video_id"] in ("truncated", "random", "notes", "sound")]

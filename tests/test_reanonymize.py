@@ -17,18 +17,30 @@ import dagster as dg
 import pyarrow.parquet as pq
 import pytest
 
-from assets.anonymized import (anonymized_features, maybe_promote, registered_shards, shards_lacking,
-                               target_versions, unpinned_version)
+from assets.anonymized import (
+    anonymized_features,
+    maybe_promote,
+    registered_shards,
+    shards_lacking,
+    target_versions,
+    unpinned_version,
+)
 from assets.catalog import feature_catalog
 from assets.evaluation import GATE_CHECKS
-from pipeline.cli import main
-from pipeline.reanonymize import (build_reanonymize_schedule, reanonymize_automation, reanonymize_job,
-                                  reanonymize_schedule, refresh_catalog_job)
 from assets.resources import StoreResource
+from pipeline.cli import main
+from pipeline.reanonymize import (
+    build_reanonymize_schedule,
+    reanonymize_automation,
+    reanonymize_job,
+    reanonymize_schedule,
+    refresh_catalog_job,
+)
 from pipeline.runner import run_reanonymize
-from splavu_core import publish as pub
-from splavu_core import analyst
-from splavu_core import catalog as cat
+from splavu_core.publish import anonymized_tables as pub
+from splavu_core.serve import analyst
+from splavu_core.serve import catalog as cat
+from splavu_core.store import ledger
 
 REPO = Path(__file__).resolve().parents[1]
 AAM = {"epochs": 2, "batch": 64, "layers": 1, "heads": 2, "sub_tokens": 4, "token_width": 16, "lr": 1e-2,
@@ -110,10 +122,10 @@ def cli(capsys, *argv) -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def env(tiny_store, tiny_bench, tmp_path_factory):
     import assets.resources
-    import splavu_core.encoders.vfm
+    import splavu_core.extract.encoders.vfm
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(splavu_core.encoders.vfm, "load_encoder", refuse)
+        mp.setattr(splavu_core.extract.encoders.vfm, "load_encoder", refuse)
         mp.setattr(assets.resources, "load_encoder", refuse)
         # a 2-epoch AAM on a random tiny encoder cannot meet a real privacy budget; promotion mechanics are
         # tested here with the gate open, the gate itself in test_a_version_failing_the_budget_stays_out
@@ -147,7 +159,7 @@ def test_every_shard_published_from_cached_latents_only(env):
         assert [f.name for f in table.schema if str(f.type).startswith(("fixed_size_list", "list"))] == ["feature"]
         pub.assert_no_raw_latents(table, store.read_shard(s, with_static=False).clips)
         total += clips
-    assert pub.current_version(store) == env.v1
+    assert ledger.current_version(store) == env.v1
     assert env.first["catalog"]["rows"]["anonymized_features"] == total
     assert env.first["catalog"]["aam_version"] == env.v1
 
@@ -240,7 +252,7 @@ def test_automation_rolls_out_a_new_version_then_rebuilds_the_catalog_once(env):
         env.inst.report_runless_asset_event(dg.AssetMaterialization("clip_latents", partition=shard))
     assert automation(env) == ([], 0)  # turning the sensor on does not replay what is already published
     v2 = train_aam(env.inst, env.store, seed=1)
-    assert v2 != env.v1 and pub.current_version(store) == env.v1  # recorded, not current before it is published
+    assert v2 != env.v1 and ledger.current_version(store) == env.v1  # recorded, not current before it is published
     assert target_versions(store) == [env.v1, v2] and unpinned_version(store) == v2
     shards = registered_shards(store)
     assert automation(env) == (shards, 0)  # every shard; the catalog waits for them
@@ -248,9 +260,9 @@ def test_automation_rolls_out_a_new_version_then_rebuilds_the_catalog_once(env):
     for s in shards[:-1]:
         md = run_unpinned(env, s)
         assert md["aam_version"] == v2 and md["is_current"] is False
-    assert pub.current_version(store) == env.v1  # not current until every registered shard has its table
+    assert ledger.current_version(store) == env.v1  # not current until every registered shard has its table
     md = run_unpinned(env, shards[-1])
-    assert md["is_current"] is True and pub.current_version(store) == v2
+    assert md["is_current"] is True and ledger.current_version(store) == v2
     for v in (env.v1, v2):  # both versions coexist, each complete and readable
         assert shards_lacking(store, v) == [] and pub.read_anonymized(store, version=v).num_rows > 0
     assert automation(env) == ([], 1)  # every shard done, the gates passed: the catalog, once
@@ -278,7 +290,7 @@ def test_automation_waits_while_a_blocking_gate_fails(env, monkeypatch):
 
 
 def test_automation_publishes_a_new_shard_once_its_latents_land(env):
-    from splavu_core.datasets import register_dataset
+    from splavu_core.ingest.datasets import register_dataset
 
     store = env.feature_store
     # a new dataset arrives (as from the inbox): register it, and give it latents (a copy of ar-000's)
@@ -296,13 +308,13 @@ def test_automation_publishes_a_new_shard_once_its_latents_land(env):
 
 def test_a_rollback_sticks(env):
     store = env.feature_store
-    pub.set_current(store, env.v1)  # roll back by hand
+    ledger.set_current(store, env.v1)  # roll back by hand
     assert target_versions(store) == [env.v1]  # v2 was current once: it is not "being rolled out" again
     assert unpinned_version(store) == env.v1  # so an unpinned run publishes what analysts read
     assert shards_lacking(store, env.v1) == ["extra-000"]
     current, why = maybe_promote(store, env.v2)  # v2 is complete, but must not undo the rollback
-    assert current is False and "made current once before" in why and pub.current_version(store) == env.v1
-    pub.set_current(store, env.v2)
+    assert current is False and "made current once before" in why and ledger.current_version(store) == env.v1
+    ledger.set_current(store, env.v2)
 
 
 def test_schedule_is_defined_stopped_and_requests_what_is_missing(env, monkeypatch):
@@ -341,7 +353,7 @@ def test_missing_or_foreign_aam_is_a_clear_error_and_tables_stay_readable(env, t
     before = _snapshot(feature_store)
 
     def publish(store, version, pattern):
-        with pytest.raises(pub.PublishError, match=pattern):
+        with pytest.raises(ledger.PublishError, match=pattern):
             dg.materialize([anonymized_features], instance=env.inst, partition_key="ar-000",
                            resources={"store": store}, run_config={"ops": {"anonymized_features": {"config": {
                                "aam_version": version}}}})
@@ -376,7 +388,7 @@ def test_missing_or_foreign_aam_is_a_clear_error_and_tables_stay_readable(env, t
 PUBLISH_SCRIPT = """
 import json, sys
 import dagster as dg
-import splavu_core.encoders.vfm as vfm
+import splavu_core.extract.encoders.vfm as vfm
 def refuse(*a, **k):
     raise AssertionError("the encoder must never be loaded")
 vfm.load_encoder = refuse
@@ -412,14 +424,14 @@ def test_definitions_wire_up():
 
 def test_a_version_failing_the_budget_stays_out(env, monkeypatch):
     monkeypatch.setenv("SPLAVU_PRIVACY_BUDGET", "1.01")  # no adapter removes more than all leakage
-    before = pub.current_version(env.feature_store)
+    before = ledger.current_version(env.feature_store)
     v = train_aam(env.inst, env.store, seed=5)
     out = run_reanonymize(env.inst, env.store, version=v, catalog=False)
     assert shards_lacking(env.feature_store, v) == []  # every table written...
-    assert pub.current_version(env.feature_store) == before  # ...but the version never became current
+    assert ledger.current_version(env.feature_store) == before  # ...but the version never became current
     last = [md for md in out["shards"].values() if "budget" in str(md.get("promotion", ""))]
     assert last and "not made current" in last[-1]["promotion"]
-    assert "budget 1.01" in pub.refused_versions(env.feature_store)[v]["why"]  # recorded for the analysts' notice
+    assert "budget 1.01" in ledger.refused_versions(env.feature_store)[v]["why"]  # recorded for the analysts' notice
     cat.build_catalog(env.feature_store)  # and the refused table stays out of the analysts' catalog
     assert v not in analyst.query(env.feature_store, "SELECT DISTINCT aam_version FROM anonymized_features_all")["aam_version"].to_pylist()
 

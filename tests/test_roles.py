@@ -1,4 +1,4 @@
-"""Dataset roles (splavu_core.datasets): registration, defaults from the demo's names, what training can use."""
+"""Dataset roles (splavu_core.ingest.datasets): registration, defaults from the demo's names, what training can use."""
 import json
 import shutil
 
@@ -7,9 +7,16 @@ import pytest
 
 from assets.resources import StoreResource
 from pipeline.sensors import inbox_sensor
-from splavu_core.datasets import (RoleError, describe_registration, parse_roles, register_dataset, registered, task_datasets,
-                                  training_plan)
-from splavu_core.store import FeatureStore
+from splavu_core.ingest.datasets import (
+    RoleError,
+    describe_registration,
+    parse_roles,
+    register_dataset,
+    registered,
+    task_datasets,
+    training_plan,
+)
+from splavu_core.store.feature_store import FeatureStore
 
 
 def test_roles_are_recorded_and_default_to_the_demo_names(tiny_bench, tmp_path):

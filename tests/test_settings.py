@@ -107,8 +107,8 @@ def test_settings_follow_the_environment(monkeypatch):
 def test_no_variable_is_read_at_import_time():
     """Every library module imports under values that do not parse; only a call reads them."""
     bad = {name: "not-a-value" for name in st.SETTINGS_FIELDS}
-    code = ("import splavu_core.store, splavu_core.storefs, splavu_core.ledger, splavu_core.catalog, "
-            "splavu_core.neighbors, splavu_core.forget, pipeline.inprocess, pipeline.cli")
+    code = ("import splavu_core.store.feature_store, splavu_core.store.fs, splavu_core.store.ledger, splavu_core.serve.catalog, "
+            "splavu_core.serve.neighbors, splavu_core.forget, pipeline.inprocess, pipeline.cli")
     env = {**os.environ, **bad, "PYTHONPATH": str(ROOT)}
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]

@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from splavu_core.manifest import load_manifest
-from splavu_core.synth.datasets import CLIP_LEN, DATASETS, BIAS_ACTION, generate, plan, render_plan
-from splavu_core.synth.figure import ACTIONS, ACTIONS_V2, PRIVATE_ATTRIBUTES
-from splavu_core.video import DecordVideo
+from splavu_core.ingest.manifest import load_manifest
+from splavu_core.ingest.synth.datasets import BIAS_ACTION, CLIP_LEN, DATASETS, generate, plan, render_plan
+from splavu_core.ingest.synth.figure import ACTIONS, ACTIONS_V2, PRIVATE_ATTRIBUTES
+from splavu_core.ingest.video import DecordVideo
 
 
 def test_every_dataset_written_with_valid_manifest(tiny_bench):
@@ -126,7 +126,7 @@ def _sha(b: bytes) -> str:
 def test_v1_still_renders_the_bytes_it_did_before_v2():
     import json
 
-    from splavu_core.synth.datasets import manifest_rows
+    from splavu_core.ingest.synth.datasets import manifest_rows
 
     plans = plan("tiny", 0, "v1")
     for name, (frames_sha, masks_sha) in V1_FRAMES.items():
@@ -137,8 +137,8 @@ def test_v1_still_renders_the_bytes_it_did_before_v2():
 
 
 def test_v2_is_the_default_and_adds_interactions_to_every_action_dataset():
-    from splavu_core.synth.datasets import BENCHMARKS, DEFAULT_BENCHMARK
-    from splavu_core.synth.figure import ACTIONS_V2, INTERACTIONS
+    from splavu_core.ingest.synth.datasets import BENCHMARKS, DEFAULT_BENCHMARK
+    from splavu_core.ingest.synth.figure import ACTIONS_V2, INTERACTIONS
 
     assert DEFAULT_BENCHMARK == "v2"
     v1, v2 = plan("tiny", 0, "v1"), plan("tiny", 0)
@@ -154,8 +154,8 @@ def test_v2_is_the_default_and_adds_interactions_to_every_action_dataset():
 
 
 def test_drink_eat_phone_share_one_motion_and_differ_only_inside_the_person_region():
-    from splavu_core.synth.figure import pose, random_actor
-    from splavu_core.synth.render import render
+    from splavu_core.ingest.synth.figure import pose, random_actor
+    from splavu_core.ingest.synth.render import render
 
     actor = random_actor(np.random.default_rng(3))
     t = np.arange(32) / 16
@@ -172,7 +172,7 @@ def test_drink_eat_phone_share_one_motion_and_differ_only_inside_the_person_regi
     # at the face, the object covers part of the person and lies inside the person's box, as in real footage
     from PIL import Image
 
-    from splavu_core.synth.figure import Prop, draw_actor
+    from splavu_core.ingest.synth.figure import Prop, draw_actor
 
     q = poses[0][np.argmax(poses[0][:, 3] < -0.5)]                              # a frame with the hand up
 
@@ -190,7 +190,7 @@ def test_drink_eat_phone_share_one_motion_and_differ_only_inside_the_person_regi
 
 
 def test_a_folder_of_another_benchmark_is_refused_not_mixed(tmp_path):
-    from splavu_core.synth.datasets import BenchmarkMismatch
+    from splavu_core.ingest.synth.datasets import BenchmarkMismatch
 
     generate(tmp_path, "tiny", seed=0, workers=1, datasets=("gait",), benchmark="v1")
     before = sorted(p.name for p in (tmp_path / "gait" / "videos").iterdir())
@@ -217,7 +217,7 @@ def test_v2_same_seed_gives_identical_bytes_whatever_the_workers(tmp_path):
 def test_videos_without_masks_have_the_same_bytes_and_masks_come_later(tiny_bench, tmp_path):
     """`make demo` renders videos only (the masks are ~45% of rendering, read only by pixel baselines with rendered
     masks): the same bytes as with masks, and a later call with masks adds the masks without touching the videos."""
-    from splavu_core.masks import mask_path, read_masks
+    from splavu_core.ingest.masks import mask_path, read_masks
 
     root, _ = tiny_bench
     generate(tmp_path, "tiny", seed=0, workers=1, datasets=("tad",), masks=False, benchmark="v1")
@@ -235,7 +235,7 @@ def test_evaluation_extras_leave_the_planned_videos_and_training_set_alone(monke
     """The demo's evaluation-only videos (ar/tad/ad_extra) come after every other video of their dataset, from a
     generator and actors of their own: without them the same videos are planned, so the AAM's training set and its
     fit do not change when the evaluation sets grow."""
-    from splavu_core.synth import datasets
+    from splavu_core.ingest.synth import datasets
 
     with_extra = plan("demo", 0)
     bare = {k: v for k, v in datasets.SCALES["demo"].items() if not k.endswith("_extra")}

@@ -9,14 +9,14 @@ import pytest
 from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
 from splavu_core.evaluation import unseen
 from splavu_core.evaluation.keep_curve import load_inputs
-from splavu_core.store import FeatureStore
+from splavu_core.store.feature_store import FeatureStore
 
 
 @pytest.fixture(scope="module")
 def default_version(tiny_store, tmp_path_factory):
     """A copy of tiny_store with the default (closed-form keep + recentring) AAM recorded."""
     from splavu_core.aam.io import adapter_version, save_adapter
-    from splavu_core.publish import record_version
+    from splavu_core.store.ledger import record_version
 
     root = tmp_path_factory.mktemp("unseen") / "store"
     shutil.copytree(tiny_store, root)

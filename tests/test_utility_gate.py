@@ -5,11 +5,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from splavu_core import ledger
-from splavu_core.features import VideoFeatures
 from splavu_core.evaluation import readers as R
+from splavu_core.evaluation.gates import utility_measures
 from splavu_core.evaluation.scoring import score_sets
-from splavu_core.gates import utility_measures
+from splavu_core.store import ledger
+from splavu_core.tasks.features import VideoFeatures
 
 N_CLASSES, DIM = 10, 24
 

@@ -8,8 +8,8 @@ import pytest
 
 from pipeline import runner
 from pipeline.cli import main
-from splavu_core.store import FeatureStore
-from splavu_core.sampling import ClipSampling
+from splavu_core.extract.sampling import ClipSampling
+from splavu_core.store.feature_store import FeatureStore
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -21,8 +21,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..threads import intra_op_threads
-from .losses import info_nce
+from splavu_core.aam.losses import info_nce
+from splavu_core.threads import intra_op_threads
 
 KINDS = ("static_static", "static_action")
 

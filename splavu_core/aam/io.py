@@ -29,8 +29,8 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 from safetensors.torch import save_file
 
-from ..storefs import is_url, open_root
-from .model import AAMConfig, AnonymizingAdapter
+from splavu_core.aam.model import AAMConfig, AnonymizingAdapter
+from splavu_core.store.fs import is_url, open_root
 
 FORMAT = "splavu-aam/1"
 WEIGHTS_FILE = "adapter.safetensors"

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..features import VideoFeatures
-from ..heads import clip_grid
+from splavu_core.tasks.features import VideoFeatures
+from splavu_core.tasks.heads import clip_grid
 
 KEEP_TASKS = ("ar", "tad", "ad")
 

@@ -22,12 +22,21 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..features import VideoFeatures
-from ..heads import (ADHead, ARHead, TADHead, ad_mil_loss, ad_segments, pad_sequences, stack_tad_targets,
-                     tad_loss, tad_targets)
-from .diagnostics import PairCritic, heldout_split, pair_matching_report
-from .losses import confusion, info_nce, nt_xent
-from .model import DEFAULT_ADAPTER, AAMConfig, AnonymizingAdapter, documented
+from splavu_core.aam.diagnostics import PairCritic, heldout_split, pair_matching_report
+from splavu_core.aam.losses import confusion, info_nce, nt_xent
+from splavu_core.aam.model import DEFAULT_ADAPTER, AAMConfig, AnonymizingAdapter, documented
+from splavu_core.tasks.features import VideoFeatures
+from splavu_core.tasks.heads import (
+    ADHead,
+    ARHead,
+    TADHead,
+    ad_mil_loss,
+    ad_segments,
+    pad_sequences,
+    stack_tad_targets,
+    tad_loss,
+    tad_targets,
+)
 
 TASKS = ("ar", "tad", "ad")
 RECENTRE_ON = ("clips", "classes")  # recentring's centroids: label-free k-means of clips, or the trained classes
@@ -312,7 +321,7 @@ def fit_appearance_erasure(data: TrainingData, fit_idx: np.ndarray, rank: int, w
                            w_temporal: float = 0.0):
     """The erasure as aam_model fits it: the fit videos' static clips against the AR classes' spread
     (and, with w_temporal, the training videos' within-video spread). Returns an erasure.ErasureFit."""
-    from .erasure import fit_erasure
+    from splavu_core.aam.appearance_projection import fit_erasure
 
     clips = labels = None
     if data.ar_train and w_action > 0:
@@ -326,7 +335,7 @@ def fit_appearance_erasure(data: TrainingData, fit_idx: np.ndarray, rank: int, w
 def fit_utility_keep(data: TrainingData, tasks, k: int, cfg: TrainConfig, transform=None):
     """The keep stage as aam_model fits it, with cfg's keep_* fields: the training videos of `tasks` (utility labels
     only) and the static clips, unlabelled; `transform` (the erasure, when there is one) applied first."""
-    from .keep import fit_keep
+    from splavu_core.aam.keep import fit_keep
 
     f = transform or (lambda x: x)
     train = {"ar": data.ar_train, "tad": data.tad_train, "ad": data.ad_train}
@@ -393,7 +402,7 @@ def fit_closed_form(data: TrainingData, tasks, k: int, cfg: TrainConfig) -> dict
     """The default adapter's closed-form stages as numpy, for the keep curve, from one keep fit: {False: the keep map,
     True: keep then recentring (only when `tasks` give >= 2 centroids, as train_aam decides)}, each a per-video map
     (T, D) -> (T, k); train_aam's adapter gives the same rows (tests/test_keep.py)."""
-    from .keep import apply_keep, apply_recentre, fit_recentre
+    from splavu_core.aam.keep import apply_keep, apply_recentre, fit_recentre
 
     fit = fit_utility_keep(data, tasks, k, cfg)
     maps = {False: lambda f: apply_keep(fit, f)}
@@ -430,7 +439,7 @@ def _fit_keep_into(adapter, data: TrainingData, cfg: TrainConfig, log) -> dict:
 def _fit_recentre_into(adapter, stage, data: TrainingData, cfg: TrainConfig, log) -> dict:
     """The recentring stage from its training videos' published means (the adapter without it) and their centroid
     (recentre_targets: clusters of clips, or utility classes); installed into the adapter."""
-    from .keep import fit_recentre
+    from splavu_core.aam.keep import fit_recentre
 
     def publish(x):
         with torch.no_grad():
@@ -677,8 +686,8 @@ def load_training_data(store, ar: str | None = "ar", tad: str | None = "tad", ad
     """Raw latents of the datasets that supply each task (None: not available), from the store only.
 
     Every attr_* label is dropped on load (see `load_oracle_labels` for the one diagnostic that reads them)."""
-    from ..publish import load_video_features
-    from ..datasets import registered
+    from splavu_core.ingest.datasets import registered
+    from splavu_core.tasks.loading import load_raw_features
 
     regs = registered(store)
     wanted = [d for d in dict.fromkeys((ar, tad, ad)) if d]
@@ -691,7 +700,7 @@ def load_training_data(store, ar: str | None = "ar", tad: str | None = "tad", ad
     if missing:
         raise TrainingDataError(f"store {store.root} is missing the latents of shard(s) {missing}: "
                                 f"materialise clip_latents for them before training")
-    videos = {d: [_label_free(v) for v in load_video_features(store, source="raw", datasets=[d])] for d in wanted}
+    videos = {d: [_label_free(v) for v in load_raw_features(store, datasets=[d])] for d in wanted}
     by_id = {v.video_id: v for vs in videos.values() for v in vs}
     statics, static_ids = [], []
     for s in shards:
@@ -719,7 +728,7 @@ def load_oracle_labels(store, data: TrainingData) -> TrainingData:
     """DIAGNOSTIC ONLY (the `oracle` variant): the training videos' private attr_* labels from their manifests.
 
     Raises unless every static-bearing training video has every attribute. Never called by default training."""
-    from ..publish import shard_manifest_rows
+    from splavu_core.tasks.loading import shard_manifest_rows
 
     rows = {}
     for shard in store.committed_shards():

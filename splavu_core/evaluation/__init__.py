@@ -1,9 +1,3 @@
-"""Evaluation: metrics on numpy arrays (`metrics`) and the paper's protocols on VideoFeatures (`probes`).
+"""Stage 6, judging a version: attackers, readers, protocols with intervals, the promotion gates and the report.
 
-Only the metrics are re-exported here: `protocols` pulls in torch, import it explicitly.
-"""
-from .metrics import (TIOUS, average_precision, chance_cmap, cmap, cmap_resamples, frame_auc, frame_labels, frame_scores, interpolated_ap, macro_f1,
-                      segment_iou, tad_map, top1)
-
-__all__ = ["TIOUS", "average_precision", "chance_cmap", "cmap", "cmap_resamples", "frame_auc", "frame_labels", "frame_scores", "interpolated_ap",
-           "macro_f1", "segment_iou", "tad_map", "top1"]
+Metrics on plain arrays live in `splavu_core.tasks.metrics`; import what you need from its module."""

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .metrics import cmap
+from splavu_core.tasks.metrics import cmap
 
 HIDDEN = 512
 KNN_K = 15

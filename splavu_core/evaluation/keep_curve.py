@@ -22,14 +22,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..aam.train import TrainConfig, fit_closed_form, load_training_data
-from ..gates import scored_in_process
-from ..ledger import privacy_threshold, retention_kept, utility_fraction
-from ..datasets import task_datasets, training_plan
-from ..store import FeatureStore
-from .attackers import SUITE_NAMES
-from .scoring import score_sets
-from .suite import load_feature_sets
+from splavu_core.aam.train import TrainConfig, fit_closed_form, load_training_data
+from splavu_core.evaluation.attackers import SUITE_NAMES
+from splavu_core.evaluation.gates import scored_in_process
+from splavu_core.evaluation.scoring import score_sets
+from splavu_core.evaluation.suite import load_feature_sets
+from splavu_core.ingest.datasets import task_datasets, training_plan
+from splavu_core.store.feature_store import FeatureStore
+from splavu_core.store.ledger import privacy_threshold, retention_kept, utility_fraction
 
 TASKS = ("privacy", "clip_privacy", "reid", "ar", "tad", "ad", "bias_f")
 PRIVATE = ("privacy", "clip_privacy", "reid")   # the privacy gate's parts: close-ups, clips, linking

@@ -32,12 +32,21 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..features import VideoFeatures
-from . import attackers as A
-from . import stats
-from .attackers import Standardiser
-from .metrics import (TIOUS, chance_cmap, cmap, cmap_resamples, frame_labels, frame_scores, tad_map,
-                      tad_map_resamples, tad_tables)
+from splavu_core.evaluation import attackers as A
+from splavu_core.evaluation import stats
+from splavu_core.evaluation.attackers import Standardiser
+from splavu_core.tasks.features import VideoFeatures
+from splavu_core.tasks.metrics import (
+    TIOUS,
+    chance_cmap,
+    cmap,
+    cmap_resamples,
+    frame_labels,
+    frame_scores,
+    tad_map,
+    tad_map_resamples,
+    tad_tables,
+)
 
 Videos = Sequence[VideoFeatures]
 N_SEEDS = 5
@@ -269,7 +278,7 @@ def temporal_detection_head(train: Videos, test: Videos, classes: Sequence[str],
                        epochs: int = 150, lr: float = 2e-3, weight_decay: float = 1e-4, hidden: int = 64,
                        tious: Sequence[float] = TIOUS, **_) -> Scored:
     """TADHead trained full batch (every train video in every step) with Adam, one per seed; mAP over tIoUs."""
-    from ..heads import TADHead, pad_sequences, stack_tad_targets, tad_decode, tad_loss, tad_targets
+    from splavu_core.tasks.heads import TADHead, pad_sequences, stack_tad_targets, tad_decode, tad_loss, tad_targets
 
     classes = list(classes)
     std = Standardiser(all_clips(train))
@@ -532,7 +541,7 @@ def clip_classes(video: VideoFeatures, classes: list[str]) -> np.ndarray:
 def _runs_to_detections(p: np.ndarray, starts: np.ndarray, ends: np.ndarray, c: int,
                         thresholds=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)) -> list[tuple]:
     """Candidate segments of class c: maximal runs of clips with p >= each threshold, scored by their mean p."""
-    from ..heads import nms_1d
+    from splavu_core.tasks.heads import nms_1d
 
     segs, scores = [], []
     for thr in thresholds:

@@ -30,9 +30,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import protocols as P
-from .attackers import Standardiser
-from .metrics import frame_labels, frame_scores
+from splavu_core.evaluation import protocols as P
+from splavu_core.evaluation.attackers import Standardiser
+from splavu_core.tasks.metrics import frame_labels, frame_scores
 
 HEADLINE = {"ar": "top1", "tad": "mAP", "ad": "auc"}
 MLP_HIDDEN, MLP_EPOCHS, MLP_BATCH, MLP_DROPOUT = 512, 100, 128, 0.5

@@ -15,10 +15,10 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..costs import DEMO_STAGES
-from ..ledger import read_verdicts
-from ..store import FeatureStore
-from .suite import REPORT_METRICS, UTILITY_KEYS, mean_utility_retention
+from splavu_core.evaluation.suite import REPORT_METRICS, UTILITY_KEYS, mean_utility_retention
+from splavu_core.store.costs import DEMO_STAGES
+from splavu_core.store.feature_store import FeatureStore
+from splavu_core.store.ledger import read_verdicts
 
 COLUMNS = (  # (report key, header); the privacy columns first, as in the paper
     ("privacy_cmap", "Privacy cMAP ↓"), ("leakage_removed", "Leakage removed ↑"),
@@ -157,7 +157,7 @@ def table_markdown(rows: Sequence[dict]) -> str:
 def attackers_markdown(rows: Sequence[dict]) -> list[str]:
     """One table per attacked set: each attacker's score with its interval and, for non-raw rows, the share it
     says was removed; * marks the strongest suite member on that row (the one the headline and the gate quote)."""
-    from .attackers import ALL, SUITE_NAMES
+    from splavu_core.evaluation.attackers import ALL, SUITE_NAMES
 
     out = []
     for task, title in ATTACK_TABLES:
@@ -202,7 +202,7 @@ def readers_markdown(rows: Sequence[dict]) -> list[str]:
     """One table per utility task: each reader's score with its interval and, for non-raw rows, the share of raw's
     above-chance utility it says was kept; * marks raw's strongest reader, which judges every row (the headline,
     the retention column and the utility gate quote it)."""
-    from .readers import NAMES
+    from splavu_core.evaluation.readers import NAMES
 
     out = []
     raw = rows[0] if rows else {}
@@ -235,7 +235,7 @@ def readers_markdown(rows: Sequence[dict]) -> list[str]:
 
 def unseen_markdown(report: dict) -> list[str]:
     """The tasks nobody fitted for (report["unseen"], from unseen_tasks_eval), when the report carries them."""
-    from .unseen import markdown
+    from splavu_core.evaluation.unseen import markdown
 
     u = report.get("unseen")
     if not u:
@@ -296,7 +296,7 @@ def _times(v: float | None) -> str:
 
 def costs_markdown(costs: Mapping) -> list[str]:
     """The report's cost section: wall time to produce the published features from videos, and to change the
-    anonymizer, as recorded by each step (splavu_core.costs)."""
+    anonymizer, as recorded by each step (splavu_core.store.costs)."""
     sp = costs["splavu"]
     lines = ["### Cost", "", "| Features | Shards | Produce from videos (s) | Change of anonymizer (s) "
              "| Produce ÷ splavu | Change ÷ splavu |", "|---|---:|---:|---:|---:|---:|",

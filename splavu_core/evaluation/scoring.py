@@ -24,10 +24,10 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from ..features import VideoFeatures
-from . import protocols as P
-from . import readers as R
-from . import stats
+from splavu_core.evaluation import protocols as P
+from splavu_core.evaluation import readers as R
+from splavu_core.evaluation import stats
+from splavu_core.tasks.features import VideoFeatures
 
 UTILITY = {"ar": "top1", "tad": "mAP", "ad": "auc"}       # the seen/utility tasks and their headline metric
 VAL_FRACTION = 0.2
@@ -294,8 +294,8 @@ def score_features(store, features_fn: Callable | None = None, split: str = "val
     map applied to a (T, D) array works as is). Or pass `features`: dataset -> videos already transformed.
     Returns rows (see module doc): raw rows, the candidate's rows and its paired changes vs raw
     (delta_*, retention_*, leakage_removed), each with value, sd, ci_low, ci_high, chance, n_seeds."""
-    from ..datasets import task_datasets as role_datasets
-    from .suite import load_feature_sets
+    from splavu_core.evaluation.suite import load_feature_sets
+    from splavu_core.ingest.datasets import task_datasets as role_datasets
 
     ds = role_datasets(store, dict(datasets or {}))
     which = [t for t in which if t in ds]

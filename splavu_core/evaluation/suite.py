@@ -9,7 +9,7 @@ view). `build_report` turns rows into the privacy-utility report:
 
 Report JSON: {"encoder_fingerprint": str, "aam_version": str,
               "rows": [{"name", <REPORT_KEYS>..., "intervals", "changes", "derived_intervals", "attackers"}],
-              "costs": splavu_core.costs.compare(...)   (privacy_utility_report only)}
+              "costs": splavu_core.store.costs.compare(...)   (privacy_utility_report only)}
 Non-raw rows add "leakage_removed" / "clip_leakage_removed" / "linkage_removed" (the strongest attacker's share of
 above-chance leakage removed) and "relative_change" = {key: (anon - raw) / raw}. A metric of a skipped task is null.
 
@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from ..catalog import METRICS_SCHEMA
-from ..features import VideoFeatures
-from ..store import FeatureStore
+from splavu_core.serve.catalog import METRICS_SCHEMA
+from splavu_core.store.feature_store import FeatureStore
+from splavu_core.tasks.features import VideoFeatures
 
 # task -> dataset that supplies it (the synthetic benchmark's names; override with datasets=).
 # clip_privacy: the same attack on the action clips the product publishes (train actors -> test actors)
@@ -256,7 +256,7 @@ def task_datasets(which: Sequence[str], datasets: Mapping[str, str] | None = Non
 
 
 def raw_shards(store: FeatureStore, dataset: str) -> list[str]:
-    from ..datasets import dataset_of
+    from splavu_core.ingest.datasets import dataset_of
 
     return [s for s in store.committed_shards() if dataset_of(s) == dataset]
 
@@ -268,7 +268,8 @@ def load_feature_sets(store: FeatureStore, which: Sequence[str], source: str, ve
     A dataset with no committed raw shards is left out (its tasks get skipped). For source='anonymized'
     every committed raw shard of the dataset must have a table of `version`: a partial table would
     silently score a subset, so it raises instead."""
-    from ..publish import PublishError, load_video_features, published_shards
+    from splavu_core.publish.anonymized_tables import load_video_features, published_shards
+    from splavu_core.store.ledger import PublishError
 
     out = {}
     for ds in dict.fromkeys(task_datasets(which, datasets).values()):
@@ -289,7 +290,7 @@ def load_feature_sets(store: FeatureStore, which: Sequence[str], source: str, ve
 def anonymize_videos(adapter, videos: Sequence[VideoFeatures]) -> list[VideoFeatures]:
     """f_A applied to each video's clips in memory: the same rows `anonymize_shard` would publish (same
     batching code), each video a new VideoFeatures with the same labels."""
-    from ..publish import run_adapter
+    from splavu_core.publish.anonymized_tables import run_adapter
 
     videos = list(videos)
     if not videos:
@@ -308,8 +309,8 @@ def anonymize_videos(adapter, videos: Sequence[VideoFeatures]) -> list[VideoFeat
 
 def newest_version(store: FeatureStore) -> str | None:
     """The AAM version being published: the newest recorded (by created_at), else the current one."""
-    from ..ledger import current_version
-    from ..ledger import newest_version as _newest
+    from splavu_core.store.ledger import current_version
+    from splavu_core.store.ledger import newest_version as _newest
 
     return _newest(store) or current_version(store)
 

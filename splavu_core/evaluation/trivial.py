@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..features import VideoFeatures
-from .scoring import apply_features
+from splavu_core.evaluation.scoring import apply_features
+from splavu_core.tasks.features import VideoFeatures
 
 TRAINING_TASKS = ("ar", "tad", "ad")
 SCORED_TASKS = ("privacy", "clip_privacy", "reid", "ar", "tad", "ad")   # what the report scores them on

@@ -18,11 +18,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from ..aam.train import TrainConfig
-from ..store import FeatureStore
-from . import trivial
-from .keep_curve import family_sets, heldout_classes, load_inputs
-from .scoring import score_sets
+from splavu_core.aam.train import TrainConfig
+from splavu_core.evaluation import trivial
+from splavu_core.evaluation.keep_curve import family_sets, heldout_classes, load_inputs
+from splavu_core.evaluation.scoring import score_sets
+from splavu_core.store.feature_store import FeatureStore
 
 UTILITY = ("ar", "tad", "ad")
 MEMBERS = ("config", "keep", "pca")          # the version's configuration, keep alone, the same-width PCA

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from .figure import IDLE, INTERACTIONS, Actor, background, draw_actor, pose, random_prop
+from splavu_core.ingest.synth.figure import IDLE, INTERACTIONS, Actor, background, draw_actor, pose, random_prop
 
 FPS = 16
 SIZE = 112

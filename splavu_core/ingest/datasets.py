@@ -24,11 +24,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from .erasure import ForgottenVideoError, forgotten, readmit
-from .manifest import Manifest, load_manifest
-from .store import FeatureStore, StoreError
-from .storefs import join
-
+from splavu_core.ingest.manifest import Manifest, load_manifest
+from splavu_core.store.feature_store import FeatureStore, StoreError
+from splavu_core.store.forget_records import ForgottenVideoError, forgotten, readmit
+from splavu_core.store.fs import join
 
 # ==================================================================== registrations
 

@@ -23,8 +23,8 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from .store import FeatureStore, StoreError
-from .storefs import join, parquet_bytes
+from splavu_core.store.feature_store import FeatureStore, StoreError
+from splavu_core.store.fs import join, parquet_bytes
 
 SALT_KEY = "erasure/salt.json"
 TOMBSTONES_KEY = "erasure/tombstones.parquet"

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..masks import mask_path, write_masks
-from .figure import ACTIONS, ACTIONS_V2, PRIVATE_ATTRIBUTES, Actor, random_actor
-from .render import FPS, render, random_shot
+from splavu_core.ingest.masks import mask_path, write_masks
+from splavu_core.ingest.synth.figure import ACTIONS, ACTIONS_V2, PRIVATE_ATTRIBUTES, Actor, random_actor
+from splavu_core.ingest.synth.render import FPS, random_shot, render
 
 CLIP_LEN = 16
 NORMAL_ACTIVITY = ("walk_left", "walk_right", "wave", "clap", "squat", "turn")
@@ -249,7 +249,7 @@ def _write_one(args):
     """Video and (masks=True) its true person masks (<stem>.mask.npz, the pixel baselines' person region).
     The video's bytes do not depend on whether masks are drawn (the silhouette is drawn beside the frame)."""
     p, root, masks = args
-    from ..video import write_mp4
+    from splavu_core.ingest.video import write_mp4
 
     frames, person = render_plan(p, with_masks=True) if masks else (render_plan(p), None)
     if not (root / p.path).exists():

@@ -23,12 +23,12 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from .encoders.vfm import FrozenEncoder
-from .pixel import PixelAnonymizer
-from .sampling import ClipSampling, ClipSpan
-from .threads import intra_op_threads
-from .store import CLIP_INDEX_SCHEMA, QUARANTINE_SCHEMA, STATIC_INDEX_SCHEMA, ShardLatents
-from .video import DecordVideo, VideoError
+from splavu_core.extract.encoders.vfm import FrozenEncoder
+from splavu_core.extract.pixel import PixelAnonymizer
+from splavu_core.extract.sampling import ClipSampling, ClipSpan
+from splavu_core.ingest.video import DecordVideo, VideoError
+from splavu_core.store.feature_store import CLIP_INDEX_SCHEMA, QUARANTINE_SCHEMA, STATIC_INDEX_SCHEMA, ShardLatents
+from splavu_core.threads import intra_op_threads
 
 
 @dataclass
@@ -99,7 +99,7 @@ def extract_shard(shard: str, rows: list[dict], root: Path, encoder: FrozenEncod
     """Latents of every usable video in `rows`, in manifest order, clips in temporal order.
 
     `pixel`: a pixel-space baseline applied to the decoded frames before the encoder (its latents
-    belong in that baseline's own store, see splavu_core.pixel). `workers`: batches encoded at once
+    belong in that baseline's own store, see splavu_core.extract.pixel). `workers`: batches encoded at once
     (0: encoder_workers' choice). A clip's latent does not depend on its batch, its batch size or the thread
     count (tests/test_extract.py pins it), so how batches are spread over workers changes no byte."""
     assert sampling.clip_len == encoder.num_frames, (

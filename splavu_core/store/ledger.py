@@ -4,7 +4,7 @@ promotions (automatic or forced, with the reason) and rollbacks.
     <root>/aam_versions.parquet   one row per recorded version; at most one is_current; `promotion` says how the
                                   current/once-current version got there ("gate" or "forced: <reason>")
     <root>/aam_verdicts.json      {version: {"privacy": {passed, why, at, ...}, "utility": {...}}}: the last
-                                  verdict of each gate (measured on validation splits, splavu_core.gates)
+                                  verdict of each gate (measured on validation splits, splavu_core.evaluation.gates)
     <root>/aam_promotions.json    {version: iso time}: versions made current once (by the gate or by hand)
     <root>/aam_refusals.json      {version: {"why", "at"}}: versions a gate kept from becoming current
     <root>/aam_ledger_log.json    [{"at", "action", "version", "previous", "reason"}]: promote / rollback history
@@ -21,8 +21,8 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from .store import FeatureStore, StoreError
-from .settings import settings
+from splavu_core.settings import settings
+from splavu_core.store.feature_store import FeatureStore, StoreError
 
 VERSIONS_KEY = "aam_versions.parquet"
 PROMOTIONS_FILE = "aam_promotions.json"  # versions made current (automatically or by hand), and when
@@ -38,7 +38,7 @@ VERSIONS_SCHEMA = pa.schema([("version", pa.string()), ("encoder_fingerprint", p
 
 
 class PublishError(StoreError):
-    """A version cannot be published, recorded or promoted (re-exported by splavu_core.publish)."""
+    """A version cannot be published, recorded or promoted (re-exported by splavu_core.publish.anonymized_tables)."""
 
 
 def _now() -> datetime:

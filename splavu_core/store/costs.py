@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .store import FeatureStore
-from .storefs import join
+from splavu_core.store.feature_store import FeatureStore
+from splavu_core.store.fs import join
 
 STAGES = ("extract", "train", "anonymize")
 # `make demo` end to end: install (the Makefile's setup), synth, extract (ingest + encoder), fit (the AAM), publish

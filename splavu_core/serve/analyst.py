@@ -1,6 +1,6 @@
 """The analysts' connection to the catalog: read-only, locked down to the catalog views' own Parquet files.
 
-query(), neighbors() (DuckDB's cosine scan; `splavu neighbors` uses splavu_core.neighbors) and `splavu sql` all
+query(), neighbors() (DuckDB's cosine scan; `splavu neighbors` uses splavu_core.serve.neighbors) and `splavu sql` all
 open the catalog here: only SELECT / EXPLAIN statements, external access off except for exactly the Parquet files
 the catalog's views name (their globs and what they match now), configuration locked. So nothing is written
 anywhere, and raw latent chunks, private labels (labels/), refused versions' tables and any other file stay
@@ -16,9 +16,9 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from .catalog import CatalogError, catalog_path, sql_literal
-from .publish import current_version
-from .store import FeatureStore
+from splavu_core.serve.catalog import CatalogError, catalog_path, sql_literal
+from splavu_core.store.feature_store import FeatureStore
+from splavu_core.store.ledger import current_version
 
 READ_ONLY_STATEMENTS = ("SELECT", "EXPLAIN")
 

@@ -40,9 +40,9 @@ new shards appear there after a rebuild (feature_catalog's automation rebuilds a
 from __future__ import annotations
 
 import hashlib
-import re
 import json
 import os
+import re
 import time
 import uuid
 from pathlib import Path
@@ -50,11 +50,25 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from .publish import (VERSIONS_KEY, VERSIONS_SCHEMA, anonymized_key, anonymized_schema, approved_versions,
-                      current_version, published_shards, read_versions, refused_versions)
-from .erasure import LOG_DIR, LOG_SCHEMA
-from .store import CLIP_INDEX_SCHEMA, PRIVATE_COLUMNS, PRIVATE_PREFIX, QUARANTINE_SCHEMA, FeatureStore, StoreError
-from .settings import settings
+from splavu_core.publish.anonymized_tables import anonymized_key, anonymized_schema, published_shards
+from splavu_core.settings import settings
+from splavu_core.store.feature_store import (
+    CLIP_INDEX_SCHEMA,
+    PRIVATE_COLUMNS,
+    PRIVATE_PREFIX,
+    QUARANTINE_SCHEMA,
+    FeatureStore,
+    StoreError,
+)
+from splavu_core.store.forget_records import LOG_DIR, LOG_SCHEMA
+from splavu_core.store.ledger import (
+    VERSIONS_KEY,
+    VERSIONS_SCHEMA,
+    approved_versions,
+    current_version,
+    read_versions,
+    refused_versions,
+)
 
 CATALOG_FILE = "catalog.duckdb"
 STALE_TEMP_S = 3600  # temp catalogs older than this were left by a crashed build
@@ -172,7 +186,7 @@ def _classify(rel: Path) -> tuple[str, str | None, str | None]:
         return "manifests", Path(parts[1]).stem, None
     if top == "labels":  # private attr_* / subject_id / group: listed here by path and size, never readable through a view
         return "private_labels", Path(parts[1]).stem, None
-    if top == "neighbors" and len(parts) > 2:  # splavu_core.neighbors: a version's anonymized features, normalised
+    if top == "neighbors" and len(parts) > 2:  # splavu_core.serve.neighbors: a version's anonymized features, normalised
         return "neighbor_index", None, parts[1]
     if top in ("metrics", "runs", "datasets", "erasure"):
         return top, None, None

@@ -18,7 +18,6 @@ Retention: `apply_retention` keeps the newest N versions plus the current one; `
 """
 from __future__ import annotations
 
-import json
 import time
 from datetime import datetime, timezone
 
@@ -26,20 +25,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .features import VideoFeatures
-from .ledger import (PROMOTIONS_FILE, REFUSALS_FILE, VERSIONS_KEY, VERSIONS_SCHEMA,  # noqa: F401  (the version
-                     PublishError, write_versions, approved_versions, current_version,  # ledger moved to ledger.py;
-                     promoted_versions, read_versions, record_refusal, record_version,  # re-exported for callers)
-                     refused_versions, set_current, versions_path)
-from .datasets import dataset_of
-from .store import FeatureStore, StoreError
-from .storefs import join
+from splavu_core.ingest.datasets import dataset_of
+from splavu_core.store.feature_store import FeatureStore, StoreError
+from splavu_core.store.fs import join
+from splavu_core.store.ledger import PublishError, current_version, read_versions, versions_path
+from splavu_core.tasks.features import VideoFeatures
+from splavu_core.tasks.loading import group_videos, load_raw_features, shard_manifest_rows
 
 CHUNK_ROWS = 16384         # adapter batch: bounded memory (12 MB at D=192); batch-invariant anyway (aam/model.py)
 IDENTITY_EPS = 1e-6        # max |f(x) - x| over a shard at or below this: the adapter is the identity
 INDEX_COLUMNS = ("video_id", "clip_index", "start_frame", "end_frame", "start_s", "end_s", "split")
-JSON_COLUMNS = ("segments", "anomaly_intervals")
-META_DEFAULTS = ("path", "action", "segments", "anomaly", "anomaly_intervals", "subject_id", "group")
 
 
 
@@ -140,7 +135,7 @@ def assert_not_identity(raw: np.ndarray, anonymized: np.ndarray, eps: float = ID
 # ---------------------------------------------------------------- anonymizing one shard
 
 def _load_checked_adapter(store: FeatureStore, adapter_dir):
-    from .aam.io import load_adapter  # torch + safetensors only; never the encoder
+    from splavu_core.aam.io import load_adapter  # torch + safetensors only; never the encoder
 
     try:
         adapter, cfg, meta = load_adapter(adapter_dir, storage_options=getattr(store.files, "storage_options", None))
@@ -162,7 +157,7 @@ def run_adapter(adapter, cfg, clips: np.ndarray, video_ids: np.ndarray, clip_ind
     other clips (cfg.whole_videos: clip attention, recentring), in which case whole videos go in as padded (B, T, D)."""
     import torch
 
-    from .threads import intra_op_threads
+    from splavu_core.threads import intra_op_threads
 
     out = np.empty((len(clips), cfg.out_dim), np.float32)           # (N, k) for a keep adapter
     # one thread: the default adapter over 100k clips took 0.09-0.28 s on 2 threads, 0.04-0.06 s on one (2 shared
@@ -363,35 +358,6 @@ def read_anonymized(store: FeatureStore, version: str | None = None, shards: lis
     return pa.concat_tables(tables)
 
 
-def shard_manifest_rows(store: FeatureStore, shard: str) -> dict[str, dict]:
-    rows = {}
-    for r in store.read_shard_manifest(shard).to_pylist():
-        meta = {k: None for k in META_DEFAULTS}
-        for k, v in r.items():
-            meta[k] = json.loads(v) if k in JSON_COLUMNS and isinstance(v, str) else v
-        rows[r["video_id"]] = meta
-    return rows
-
-
-def _group_videos(shard: str, index: pa.Table, feats: np.ndarray, manifest: dict[str, dict]) -> list[VideoFeatures]:
-    order = pc.sort_indices(index, [("video_id", "ascending"), ("clip_index", "ascending")]).to_numpy()
-    vids = index["video_id"].to_numpy(zero_copy_only=False)[order]
-    cols = {c: index[c].to_numpy(zero_copy_only=False)[order] for c in ("start_s", "end_s", "end_frame", "split")}
-    bounds = np.flatnonzero(np.r_[True, vids[1:] != vids[:-1], True])
-    found = {}
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        vid = vids[a]
-        if vid not in manifest:
-            raise StoreError(f"shard {shard!r}: video {vid!r} has clips but no row in its manifest")
-        end_s, end_frame = cols["end_s"][a:b], cols["end_frame"][a:b]
-        meta = {**manifest[vid], "dataset": dataset_of(shard), "shard": shard}
-        meta.pop("video_id", None), meta.pop("split", None)
-        found[vid] = VideoFeatures(video_id=vid, split=cols["split"][a], feats=np.ascontiguousarray(feats[order[a:b]]),
-                                   clip_start_s=cols["start_s"][a:b].astype(np.float64), clip_end_s=end_s.astype(np.float64),
-                                   n_frames=int(end_frame[-1]), fps=float(end_frame[0] / end_s[0]), meta=meta)
-    return [found[v] for v in manifest if v in found]  # manifest order: deterministic
-
-
 def load_video_features(store: FeatureStore, source: str = "raw", version: str | None = None,
                         datasets: list[str] | None = None, shards: list[str] | None = None) -> list[VideoFeatures]:
     """Every video of the chosen shards as VideoFeatures, from raw latents or an anonymized table.
@@ -401,10 +367,9 @@ def load_video_features(store: FeatureStore, source: str = "raw", version: str |
     if source not in ("raw", "anonymized"):
         raise ValueError(f"source must be 'raw' or 'anonymized', got {source!r}")
     if source == "raw":
-        available = store.committed_shards()
-    else:
-        version = _version_or_current(store, version)
-        available = sorted(published_shards(store, version))
+        return load_raw_features(store, datasets=datasets, shards=shards)
+    version = _version_or_current(store, version)
+    available = sorted(published_shards(store, version))
     if shards is not None:
         missing = sorted(set(shards) - set(available))
         if missing:
@@ -414,11 +379,6 @@ def load_video_features(store: FeatureStore, source: str = "raw", version: str |
         available = [s for s in available if dataset_of(s) in set(datasets)]
     videos = []
     for shard in available:
-        if source == "raw":
-            data = store.read_shard(shard, with_static=False)
-            index, feats = data.index, data.clips
-        else:
-            index = _read_parquet(store, anonymized_key(version, shard))
-            feats = feature_matrix(index)
-        videos += _group_videos(shard, index, feats, shard_manifest_rows(store, shard))
+        index = _read_parquet(store, anonymized_key(version, shard))
+        videos += group_videos(shard, index, feature_matrix(index), shard_manifest_rows(store, shard))
     return videos

@@ -1,7 +1,7 @@
 """Reproduce the shipped demo encoder: a small VideoMAE pretrained on freshly rendered clips.
 
-    python -m splavu_core.encoders.train_demo --out DIR --steps 3600                      # from scratch
-    python -m splavu_core.encoders.train_demo --out DIR --init splavu_core/encoders/demo_checkpoint --steps 2700
+    python -m splavu_core.extract.encoders.train_demo --out DIR --steps 3600                      # from scratch
+    python -m splavu_core.extract.encoders.train_demo --out DIR --init splavu_core/extract/encoders/demo_checkpoint --steps 2700
 
 A real VFM is pretrained on millions of videos and ends up encoding both motion and appearance.
 This stands in for that: a supervised action head over the v2 world's actions (motion and hand-object
@@ -23,9 +23,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..synth.figure import ACTIONS_V2, GAIT_RANGES, IDLE, INTERACTIONS, random_actor
-from ..synth.render import random_shot, render
-from .preprocess import Preprocess
+from splavu_core.extract.encoders.preprocess import Preprocess
+from splavu_core.ingest.synth.figure import ACTIONS_V2, GAIT_RANGES, IDLE, INTERACTIONS, random_actor
+from splavu_core.ingest.synth.render import random_shot, render
 
 CLIP_LEN, SIZE = 16, 112
 CLASSES = ACTIONS_V2 + (IDLE,)

@@ -11,7 +11,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 import numpy as np
 from sklearn.metrics import f1_score, roc_auc_score
 
-from ..features import VideoFeatures
+from splavu_core.tasks.features import VideoFeatures
 
 TIOUS = (0.3, 0.4, 0.5, 0.6, 0.7)
 

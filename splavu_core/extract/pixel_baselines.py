@@ -12,13 +12,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from . import costs
-from .encoders.vfm import FrozenEncoder
-from .extract import extract_shard, manifest_hash
-from .pixel import PixelAnonymizer, baseline_root, feature_set_name
-from .datasets import dataset_of, register_dataset, registered, shard_rows, write_shard_manifest
-from .sampling import ClipSampling
-from .store import FeatureStore, StoreError
+from splavu_core.extract.encoders.vfm import FrozenEncoder
+from splavu_core.extract.pixel import PixelAnonymizer, baseline_root, feature_set_name
+from splavu_core.extract.sampling import ClipSampling
+from splavu_core.extract.shards import extract_shard, manifest_hash
+from splavu_core.ingest.datasets import dataset_of, register_dataset, registered, shard_rows, write_shard_manifest
+from splavu_core.store import costs
+from splavu_core.store.feature_store import FeatureStore, StoreError
 
 
 def baseline_store(raw: FeatureStore, name: str) -> FeatureStore:

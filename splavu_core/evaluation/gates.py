@@ -25,9 +25,9 @@ import hashlib
 import json
 from datetime import datetime, timezone
 
-from . import ledger
-from .evaluation.attackers import SUITE_NAMES
-from .store import FeatureStore, StoreError
+from splavu_core.evaluation.attackers import SUITE_NAMES
+from splavu_core.store import ledger
+from splavu_core.store.feature_store import FeatureStore, StoreError
 
 GATE_SEEDS = 5
 PRIVACY_TASKS = ("privacy", "clip_privacy", "reid")
@@ -77,9 +77,9 @@ def _is_oracle(store: FeatureStore, version: str) -> bool:
 def anonymized_for(store: FeatureStore, version: str, dataset: str, raw_videos):
     """The version's features of `dataset`: its published tables when complete, else its adapter in memory
     (identical rows, see suite.anonymize_videos). Returns (videos, source)."""
-    from .aam.io import load_adapter
-    from .evaluation.suite import raw_shards, anonymize_videos
-    from .publish import load_video_features, published_shards
+    from splavu_core.aam.io import load_adapter
+    from splavu_core.evaluation.suite import anonymize_videos, raw_shards
+    from splavu_core.publish.anonymized_tables import load_video_features, published_shards
 
     shards = raw_shards(store, dataset)
     if shards and set(shards) <= published_shards(store, version):
@@ -105,9 +105,9 @@ def measure_gates(store: FeatureStore, version: str, base_seed: int = 0, n_seeds
     "utility": {task: m | {"skipped"}}, "rows": metric rows, "source": {dataset: published | in-memory}} where a
     privacy m = {raw_cmap, anonymized_cmap, chance_cmap, leakage_removed, leakage_removed_ci_low/high, ...} and a
     utility m = {raw, anon, chance, retention, retention_ci_low/high, no_signal, anon_at_chance}."""
-    from .evaluation.scoring import score_sets
-    from .evaluation.suite import raw_shards, shard_hashes, load_feature_sets
-    from .datasets import task_datasets
+    from splavu_core.evaluation.scoring import score_sets
+    from splavu_core.evaluation.suite import load_feature_sets, raw_shards, shard_hashes
+    from splavu_core.ingest.datasets import task_datasets
 
     ds = task_datasets(store, {k: v for k, v in (datasets or {}).items() if v and v != "none"})
     if (datasets or {}).get("clip_privacy") == "none":
@@ -208,7 +208,7 @@ def scored_in_process(store: FeatureStore, version: str, seeds, probe_kwargs: di
     """This process's measurement of `version` when it scored these seeds, probe settings and datasets (task ->
     dataset) on the store's raw shards as they are now: {"scored": task -> set -> Scored ("raw", "splavu"),
     "videos": dataset -> the version's videos}; None otherwise."""
-    from .evaluation.suite import raw_shards, shard_hashes
+    from splavu_core.evaluation.suite import raw_shards, shard_hashes
 
     hit = _IN_PROCESS.get(version)
     if (not hit or hit["seeds"] != list(seeds) or hit["probe"] != probe_kwargs

@@ -41,14 +41,20 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .catalog import catalog_dir
-from .manifest import load_manifest
-from .publish import (anonymized_key, current_version, feature_matrix, published_shards, read_anonymized, read_versions,
-                      refused_versions)
-from .datasets import dataset_of, registered
-from .store import FeatureStore, StoreError
-from .ledger import budget_verdict, privacy_threshold, read_verdicts
-from .settings import settings
+from splavu_core.ingest.datasets import dataset_of, registered
+from splavu_core.ingest.manifest import load_manifest
+from splavu_core.publish.anonymized_tables import anonymized_key, feature_matrix, published_shards, read_anonymized
+from splavu_core.serve.catalog import catalog_dir
+from splavu_core.settings import settings
+from splavu_core.store.feature_store import FeatureStore, StoreError
+from splavu_core.store.ledger import (
+    budget_verdict,
+    current_version,
+    privacy_threshold,
+    read_verdicts,
+    read_versions,
+    refused_versions,
+)
 
 BLOCK = 1 << 18        # rows per matrix-vector product of the exact search (1 MB of scores a block)
 RERANK = 128           # candidates the approximate search re-scores exactly

@@ -9,6 +9,7 @@ from datetime import date, datetime
 
 import pyarrow as pa
 
+
 def _cell(v, width: int) -> str:
     if v is None:
         s = ""

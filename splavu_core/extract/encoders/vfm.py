@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..sampling import ClipSampling
-from .preprocess import Preprocess
+from splavu_core.extract.encoders.preprocess import Preprocess
+from splavu_core.extract.sampling import ClipSampling
 
 DEMO_CHECKPOINT = Path(__file__).parent / "demo_checkpoint"
 

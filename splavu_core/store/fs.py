@@ -55,7 +55,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .settings import SettingsError, settings
+from splavu_core.settings import SettingsError, settings
 
 URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 CONDITIONAL_PROTOCOLS = ("s3", "s3a", "memory")   # where put_if_absent / leases are implemented
@@ -63,7 +63,7 @@ LOCKS_DIR = "_locks"
 
 
 class StoreError(Exception):
-    """Anything wrong with a store (re-exported by splavu_core.store)."""
+    """Anything wrong with a store (re-exported by splavu_core.store.feature_store)."""
 
 
 class StoreFSError(StoreError):

@@ -55,8 +55,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .storefs import StoreError, StoreFS, join, open_root
-from .settings import settings
+from splavu_core.settings import settings
+from splavu_core.store.fs import StoreError, StoreFS, join, open_root
 
 CLIP_INDEX_SCHEMA = pa.schema([("video_id", pa.string()), ("clip_index", pa.int32()), ("start_frame", pa.int32()),
                                ("end_frame", pa.int32()), ("start_s", pa.float64()), ("end_s", pa.float64()),

@@ -29,8 +29,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from .masks import PixelError, mask_path, read_masks
-
+from splavu_core.ingest.masks import PixelError, mask_path, read_masks
 
 # ---------------------------------------------------------------- transforms
 

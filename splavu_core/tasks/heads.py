@@ -18,8 +18,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .evaluation.metrics import segment_iou
-from .features import VideoFeatures
+from splavu_core.tasks.features import VideoFeatures
+from splavu_core.tasks.metrics import segment_iou
 
 AD_SEGMENTS = 32
 

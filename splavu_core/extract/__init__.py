@@ -1,0 +1,1 @@
+"""Stage 2, frozen encoder: clip sampling, the encoders, pixel transforms, and shard extraction into raw latents."""
