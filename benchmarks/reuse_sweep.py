@@ -85,7 +85,7 @@ def appearance_directions(data, fit) -> np.ndarray:
 
 
 def members_of(inp, tasks, k, codebooks, ranks, seed=0, pool_all=False, quantiles=(), clip_codebooks=(),
-               temperatures=(1.0,), strengths=(1.0,)):
+               temperatures=(1.0,), strengths=(1.0,), gate_mults=(1.0,)):
     from sklearn.cluster import KMeans
 
     d = inp.data
@@ -121,11 +121,13 @@ def members_of(inp, tasks, k, codebooks, ranks, seed=0, pool_all=False, quantile
         c = c or n_centroids(d, tasks, inp.cfg)  # 0: as many as the config's recentring fits
         lab = KMeans(c, n_init=4, random_state=seed).fit_predict(pc).astype(str)
         for qt in dict.fromkeys([inp.cfg.recentre_quantile, *quantiles]):
-            cf = fit_recentre(pc, lab, qt)
-            for t in temperatures:
-                for a in strengths:
-                    out[f"clipwise {c} q{qt:g}" + (f" t{t:g}" if t != 1 else "") + (f" a{a:g}" if a != 1 else "")] = \
-                        lambda f, m=clipwise_map(cf, t, a): m(keep(f))
+            cf0 = fit_recentre(pc, lab, qt)
+            for g in gate_mults:
+                cf = dataclasses.replace(cf0, gate=np.asarray(cf0.gate * g, np.float32))
+                for t in temperatures:
+                    for a in strengths:
+                        out[f"clipwise {c} q{qt:g}" + (f" t{t:g}" if t != 1 else "") + (f" a{a:g}" if a != 1 else "")
+                            + (f" g{g:g}" if g != 1 else "")] = lambda f, m=clipwise_map(cf, t, a): m(keep(f))
     return out, info
 
 
@@ -146,6 +148,8 @@ def main():
                     help="clipwise members: posterior temperatures (> 1: softer matching)")
     ap.add_argument("--strengths", type=float, nargs="*", default=[1.0],
                     help="clipwise members: the share of the way each video is moved (0: keep alone; 1: the stage)")
+    ap.add_argument("--gate-mults", type=float, nargs="*", default=[1.0],
+                    help="clipwise members: the gate (distance past which a clip is moved less) times these (1e9: none)")
     ap.add_argument("--quantiles", type=float, nargs="*", default=[], help="codebooks' gate quantiles beside the config's")
     ap.add_argument("--members", nargs="*", help="only these member names (default: all)")
     ap.add_argument("--pca", action="store_true", help="score the same-width PCA beside")
@@ -158,7 +162,8 @@ def main():
         tasks = tuple(t for t in fit_tasks.split(",") if t and t in inp.cfg.tasks)
         maps, info = members_of(inp, tasks, args.k, args.codebooks, args.ranks, pool_all=args.pool_all,
                                 quantiles=args.quantiles, clip_codebooks=args.clip_codebooks,
-                                temperatures=args.temperatures, strengths=args.strengths)
+                                temperatures=args.temperatures, strengths=args.strengths,
+                                gate_mults=args.gate_mults)
         maps = {n: f for n, f in maps.items() if not args.members or n in args.members}
         print(json.dumps({"fit": list(tasks), **info}), flush=True)
         for name, fn in maps.items():

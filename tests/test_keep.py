@@ -367,15 +367,39 @@ def test_a_curve_with_no_passing_width_says_which_part_fails_at_each_width():
                member(11, [0.641, 0.520, 0.762], [0.871, 0.772, 0.970]),
                member(14, [0.585, 0.493, 0.678], [0.881, 0.786, 0.976]),
                member(11, [0.42, 0.33, 0.51], [0.97, 0.88, 1.07], recentre=False)]  # keep alone: not this family
-    assert failures(members[1], 0.5, 0.95) == {"AR retention": "0.87 [0.77, 0.97], refused at floor 0.95"}
-    assert set(failures(members[0], 0.5, 0.95)) == {"close-ups removed", "AR retention"}
-    assert failures(members[3], 0.5, 0.95) == {"close-ups removed": "0.42 [0.33, 0.51], lower end < 0.5"}
+    assert failures(members[1], 0.5, 0.95) == {"AR retention": "0.87 [0.77, 0.97], refused at floor 0.95: FAILED"}
+    assert failures(members[0], 0.5, 0.95) == {"close-ups removed": "0.58 [0.50, 0.67] at budget 0.5: undecidable",
+                                               "AR retention": "0.85 [0.76, 0.94], refused at floor 0.95: FAILED"}
+    assert failures(members[3], 0.5, 0.95) == {"close-ups removed": "0.42 [0.33, 0.51] at budget 0.5: undecidable"}
+    assert failures(member(11, [0.30, 0.20, 0.45], [1.0, 0.96, 1.04]), 0.5, 0.95) == {
+        "close-ups removed": "0.30 [0.20, 0.45] at budget 0.5: FAILED"}
     assert operating_point(members[:3], 0.5, 0.95) is None
     assert operating_point(members[:3], 0.5, 0.85)["k"] == 11  # a lower floor: k = 8 and 14 still miss the budget
     why = why_no_width({"members": members, "recentre": True, "budget": 0.5, "floor": 0.95}).splitlines()
     assert why[0].startswith("no width of [8, 11, 14] passes both gates' rules on validation")
-    assert why[2] == "k = 11: AR retention 0.87 [0.77, 0.97], refused at floor 0.95"
-    assert why[-1].startswith("every width fails on AR retention: no width of this family can be published")
+    assert why[2] == "k = 11: AR retention 0.87 [0.77, 0.97], refused at floor 0.95: FAILED"
+    assert why[-1].startswith("every width FAILS on AR retention: no width of this family can be published")
     mixed = why_no_width({"members": members[:2] + [member(14, [0.3, 0.2, 0.4], [1.0, 0.9, 1.1])],
                           "recentre": True, "budget": 0.5, "floor": 0.95})
-    assert "every width fails" not in mixed  # k = 14 keeps AR: no part fails at every width
+    assert "every width FAILS" not in mixed  # k = 14 keeps AR: no part fails at every width
+
+
+def test_the_curve_calls_an_interval_that_holds_the_budget_undecidable_not_failed():
+    """A world nobody tuned for (issue 46): close-ups 0.571 [0.401, 0.741] at every width. The gate calls that
+    undecidable (and refuses to publish it: privacy fails closed); the curve must say the same, never that no width
+    of the family can be published, and a retention interval holding both the floor and 1 refuses nothing."""
+    from splavu_core.evaluation.keep_curve import failures, operating_point, privacy_state, why_no_width
+
+    def member(k, privacy, ar):
+        return {"k": k, "seen": ["ar"], "recentre": True, "privacy": privacy, "clip_privacy": [0.9, 0.8, 1.0],
+                "reid": [1.0, 0.92, 1.08], "ar": ar}
+
+    members = [member(k, [0.571, 0.401, 0.741], [1.059, 0.564, 1.554]) for k in (8, 11, 14)]
+    assert privacy_state([0.571, 0.401, 0.741], 0.5) == "undecidable"
+    assert privacy_state([float("nan")] * 3, 0.5) == "no signal"
+    assert failures(members[0], 0.5, 0.95) == {"close-ups removed": "0.57 [0.40, 0.74] at budget 0.5: undecidable"}
+    assert operating_point(members, 0.5, 0.95) is None  # privacy fails closed, as in the gate
+    why = why_no_width({"members": members, "recentre": True, "budget": 0.5, "floor": 0.95})
+    assert "FAILS" not in why and why.splitlines()[-1].startswith("no part fails at every width")
+    members[1]["privacy"] = [0.70, 0.61, 0.79]  # decided at k = 11; AR's wide interval refuses nothing
+    assert operating_point(members, 0.5, 0.95)["k"] == 11

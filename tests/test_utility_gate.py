@@ -87,3 +87,23 @@ def test_a_wide_interval_cannot_refuse_what_it_cannot_see():
     assert ledger.utility_verdict({"ar": m}, 0.95)[0]             # the loss is within the noise: no verdict of loss
     assert not ledger.utility_verdict({"ar": {**m, "retention_ci_high": 0.99}}, 0.95)[0]
     assert ledger.retention_kept(float("nan"), float("nan"), 0.95)  # raw at chance: nothing to keep
+
+
+def test_a_retention_interval_that_cannot_decide_is_called_undecidable_and_refuses_nothing():
+    """The demo's AD on 40 validation videos read 2.407 [-0.025, 4.840] and the gate printed "kept": an interval
+    that holds both the floor and 1 (or is wider than UTILITY_DECIDABLE_WIDTH) cannot tell a loss from none."""
+    ad = {"retention": 2.407, "retention_ci_low": -0.025, "retention_ci_high": 4.840, "n_videos": 40, "reader": "mlp"}
+    ar = {"retention": 1.018, "retention_ci_low": 0.957, "retention_ci_high": 1.079, "n_videos": 450}
+    noisy = {"retention": 0.97, "retention_ci_low": 0.90, "retention_ci_high": 1.04, "n_videos": 450}
+    assert ledger.retention_state(2.407, -0.025, 4.840, 0.95) == "undecidable"   # wider than the limit
+    assert ledger.retention_state(0.97, 0.90, 1.04, 0.95) == "undecidable"       # holds the floor and 1
+    assert ledger.retention_state(1.018, 0.957, 1.079, 0.95) == "kept"
+    assert ledger.retention_state(0.87, 0.77, 0.97, 0.95) == "lost"
+    ok, why = ledger.utility_verdict({"ad": ad, "ar": ar, "x": noisy}, 0.95)
+    assert ok, why  # undecidable refuses nothing; the privacy gate is the one that fails closed
+    assert why.startswith("ad: retention by mlp 2.407 [-0.025, 4.840] undecidable, does not refuse; about ")
+    assert "ar: retention 1.018 [0.957, 1.079] kept" in why and "x: retention 0.970 [0.900, 1.040] undecidable" in why
+    # x: half-width 0.07 must fall to the 0.02 between 0.97 and the floor: 450 * (0.07 / 0.02)^2 = 5513 videos
+    assert "about 5063 more validation videos would decide it (on 450)" in why
+    ok, why = ledger.utility_verdict({"ar": {**noisy, "retention": 0.90, "retention_ci_high": 0.98}}, 0.95)
+    assert not ok and "lost beyond the noise" in why

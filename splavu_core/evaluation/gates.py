@@ -191,7 +191,8 @@ def utility_measures(res, seen, datasets: dict, name: str = "splavu") -> dict:
                          "retention": ret["value"], "retention_ci_low": ret["ci_low"],
                          "retention_ci_high": ret["ci_high"], "no_signal": not r["ci_low"] > r["chance"],
                          "reader": res.scored[task]["raw"].details.get("strongest"),
-                         "anon_at_chance": not a["ci_low"] > r["chance"]}
+                         "anon_at_chance": not a["ci_low"] > r["chance"],
+                         "n_videos": len(res.scored[task]["raw"].test_ids or ())}
     return utility
 
 

@@ -29,7 +29,7 @@ from splavu_core.evaluation.scoring import score_sets
 from splavu_core.evaluation.suite import load_feature_sets
 from splavu_core.ingest.datasets import task_datasets, training_plan
 from splavu_core.store.feature_store import FeatureStore
-from splavu_core.store.ledger import privacy_threshold, retention_kept, utility_fraction
+from splavu_core.store.ledger import privacy_threshold, retention_state, utility_fraction
 
 TASKS = ("privacy", "clip_privacy", "reid", "ar", "tad", "ad", "bias_f")
 PRIVATE = ("privacy", "clip_privacy", "reid")   # the privacy gate's parts: close-ups, clips, linking
@@ -52,38 +52,55 @@ def summarise(rows, name: str) -> dict:
 PART_NAMES = {"privacy": "close-ups removed", "clip_privacy": "action clips removed", "reid": "linkage removed"}
 
 
+def privacy_state(v: list, budget: float) -> str:
+    """The privacy gate's three-way verdict on one part's [value, ci_low, ci_high] (ledger._verdict_one): 'passed'
+    (lower end at the budget), 'undecidable' (the interval holds it), 'FAILED', or 'no signal' (raw at chance: NaN)."""
+    value, low, high = v
+    if value is None or value != value:
+        return "no signal"
+    return "passed" if low >= budget else "undecidable" if high >= budget else "FAILED"
+
+
 def failures(m: dict, budget: float, floor: float) -> dict[str, str]:
-    """What keeps member m from both promotion gates' rules, {part: its figures} (empty: it passes): a leakage
-    removal whose lower end is under the privacy budget, a seen task's retention the utility gate refuses
-    (ledger.retention_kept; a task whose raw features are at chance, retention NaN, has nothing to lose)."""
+    """What keeps member m from both promotion gates, {part: its figures and state} (empty: it passes): each
+    privacy part not passed, in the gate's own words (FAILED, undecidable: its interval holds the budget, which the
+    gate refuses too), and each seen task's retention the utility gate refuses (ledger.retention_state 'lost'; an
+    undecidable retention does not refuse, as in the gate; a task whose raw features are at chance has nothing to
+    lose)."""
     out = {} if "privacy" in m else {"close-ups removed": "not measured"}
-    out.update({PART_NAMES[t]: f"{m[t][0]:.2f} [{m[t][1]:.2f}, {m[t][2]:.2f}], lower end < {budget:g}"
-                for t in PRIVATE if t in m and not m[t][1] >= budget})
-    out.update({f"{t.upper()} retention": f"{m[t][0]:.2f} [{m[t][1]:.2f}, {m[t][2]:.2f}], refused at floor {floor:g}"
-                for t in m["seen"] if t in m and not retention_kept(m[t][0], m[t][2], floor)})
+    for t in PRIVATE:
+        if t in m and (state := privacy_state(m[t], budget)) != "passed":
+            out[PART_NAMES[t]] = f"{m[t][0]:.2f} [{m[t][1]:.2f}, {m[t][2]:.2f}] at budget {budget:g}: {state}"
+    out.update({f"{t.upper()} retention": f"{m[t][0]:.2f} [{m[t][1]:.2f}, {m[t][2]:.2f}], refused at floor {floor:g}: "
+                f"FAILED" for t in m["seen"] if t in m and retention_state(*m[t], floor) == "lost"})
     return out
 
 
 def operating_point(members: list[dict], budget: float, floor: float) -> dict | None:
     """The largest k that passes both promotion gates' rules on these rows (no `failures`): the weaker leakage
-    removal's lower end meets the privacy budget, and every seen task's retention passes the utility gate's rule."""
+    removal's lower end meets the privacy budget, and no seen task's retention is refused by the utility gate."""
     ok = [m for m in members if not failures(m, budget, floor)]
     return max(ok, key=lambda m: m["k"]) if ok else None
 
 
 def why_no_width(out: dict) -> str:
-    """Why the curve `out` picks no width, plainly: each width's failing parts, and the parts every width fails
-    (then no version of this family can be published on this store under these budgets; a budget is policy, not a
-    knob to turn until something passes)."""
+    """Why the curve `out` picks no width, plainly: each width's parts that are not passed, in the gates' words, and
+    the parts every width FAILS (then no version of this family can be published on this store under these budgets;
+    a budget is policy, not a knob to turn until something passes). A part undecidable at some width is not a
+    failure of the family: more validation videos would decide it."""
     own = [m for m in out["members"] if bool(m.get("recentre")) == bool(out.get("recentre"))] or out["members"]
     per = {m["k"]: failures(m, out["budget"], out["floor"]) for m in own}
     lines = [f"no width of {list(per)} passes both gates' rules on validation (privacy budget {out['budget']:g} at "
              f"the lower end, utility floor {out['floor']:g})"]
     lines += [f"k = {k}: " + "; ".join(f"{part} {v}" for part, v in parts.items()) for k, parts in per.items()]
-    common = sorted(set.intersection(*(set(parts) for parts in per.values()))) if per else []
+    failed = [{p for p, v in parts.items() if v.endswith("FAILED") or v == "not measured"} for parts in per.values()]
+    common = sorted(set.intersection(*failed)) if failed else []
     if common:
-        lines.append(f"every width fails on {', '.join(common)}: no width of this family can be published on this "
+        lines.append(f"every width FAILS on {', '.join(common)}: no width of this family can be published on this "
                      f"store under these budgets")
+    elif any(any(v.endswith("undecidable") for v in parts.values()) for parts in per.values()):
+        lines.append("no part fails at every width; the undecidable ones need more validation videos (`splavu "
+                     "publish` says how many) before a width can be chosen")
     return "\n".join(lines)
 
 

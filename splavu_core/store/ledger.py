@@ -392,22 +392,51 @@ def power_advice(measure: dict, threshold: float) -> str:
             f"or a narrower keep width (`splavu curve`) removes more")
 
 
+# A retention interval wider than this judges nothing (the demo must judge AD to +-0.15, benchmark v3).
+UTILITY_DECIDABLE_WIDTH = 0.3
+
+
 def retention_kept(retention: float, ci_high: float, fraction: float) -> bool:
     """The utility gate's rule for one task: refused when the share kept is below `fraction` and the loss is beyond
     the noise (upper end below 1), or when even the upper end is below `fraction`."""
     return not ((retention < fraction and ci_high < 1.0) or ci_high < fraction)
 
 
+def retention_state(retention: float, ci_low: float, ci_high: float, fraction: float) -> str:
+    """'lost' (retention_kept says no), 'undecidable' (the interval holds both `fraction` and 1, so it cannot tell a
+    material loss from none, or it is wider than UTILITY_DECIDABLE_WIDTH) or 'kept'."""
+    if not retention_kept(retention, ci_high, fraction):
+        return "lost"
+    if (ci_low < fraction and ci_high >= 1.0) or ci_high - ci_low > UTILITY_DECIDABLE_WIDTH:
+        return "undecidable"
+    return "kept"
+
+
+def retention_advice(m: dict, fraction: float) -> str:
+    """How many validation videos would decide an undecidable retention: its half-width shrinks about as
+    1/sqrt(videos) and must fall below the distance from the estimate to `fraction` (to show it kept) or to 1 (to
+    show a loss), and to half of UTILITY_DECIDABLE_WIDTH."""
+    ret, lo, hi, n = m["retention"], m["retention_ci_low"], m["retention_ci_high"], m.get("n_videos")
+    half = (hi - lo) / 2
+    room = min(ret - fraction if ret >= fraction else 1.0 - ret, UTILITY_DECIDABLE_WIDTH / 2)
+    if not n or room <= 0:
+        return "the estimate sits at the floor: more validation videos narrow the interval"
+    more = max(1, math.ceil(n * (half / room) ** 2) - n)
+    return f"about {more} more validation videos would decide it (on {n})"
+
+
 def utility_verdict(measures: dict[str, dict], fraction: float) -> tuple[bool, str]:
     """Every seen task keeps `fraction` of its above-chance utility, read by raw's strongest reader.
 
     measures: task -> {"raw", "anon", "chance", "retention", "retention_ci_low", "retention_ci_high", "reader",
-    "skipped"?}. A task fails when its retention is below `fraction` and the loss is beyond the noise (the upper end
-    of its 95% interval below 1: a loss shown, and a material one), or when the upper end itself is below
-    `fraction`, or when its anonymized value is not above chance beyond its interval (a version at chance never
-    passes). On sets sized so the interval is at most 0.14 wide, a 10% loss is refused and a 2% loss passes
-    (tests/test_utility_gate.py). A task whose raw features are not above chance has nothing to retain and is
-    skipped (said so). fraction <= 0 turns the gate off (every task passes; said so)."""
+    "n_videos"?, "skipped"?}. A task fails when its retention is below `fraction` and the loss is beyond the noise
+    (the upper end of its 95% interval below 1: a loss shown, and a material one), or when the upper end itself is
+    below `fraction`, or when its anonymized value is not above chance beyond its interval (a version at chance
+    never passes). On sets sized so the interval is at most 0.14 wide, a 10% loss is refused and a 2% loss passes
+    (tests/test_utility_gate.py). A task whose interval cannot decide (retention_state) is said to be undecidable,
+    with the videos that would decide it, and does not refuse the version: the utility gate refuses a loss it can
+    see; the privacy gate, which protects people, fails closed instead. A task whose raw features are not above
+    chance has nothing to retain and is skipped (said so). fraction <= 0 turns the gate off (every task passes)."""
     if fraction <= 0:
         return True, f"utility gate off (threshold {fraction:g})"
     parts, ok = [], True
@@ -421,12 +450,15 @@ def utility_verdict(measures: dict[str, dict], fraction: float) -> tuple[bool, s
         ret, hi = m["retention"], m["retention_ci_high"]
         lo = m.get("retention_ci_low", float("nan"))
         at_chance = m.get("anon_at_chance", False)
-        passed = retention_kept(ret, hi, fraction) and not at_chance
-        lost = not retention_kept(ret, hi, fraction)
+        state = retention_state(ret, lo, hi, fraction)
+        passed = state != "lost" and not at_chance
         ok = ok and passed
         tail = "; anonymized at chance" if at_chance else ""
         reader = f" by {m['reader']}" if m.get("reader") else ""
-        why = "kept" if passed else ("lost beyond the noise" if lost else "failed")
+        why = (f"undecidable, does not refuse; {retention_advice(m, fraction)}" if state == "undecidable" else
+               "kept" if state == "kept" else "lost beyond the noise")
+        if at_chance and state != "lost":
+            why = "failed"
         parts.append(f"{task}: retention{reader} {ret:.3f} [{lo:.3f}, {hi:.3f}] {why} "
                      f"({'>=' if passed else '<'} {fraction:g}){tail}")
     if not parts:
