@@ -28,6 +28,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from splavu_core.extract.encoders import DEMO_ENCODERS
 from splavu_core.ingest.datasets import describe_registration, parse_roles, registered, registration, training_plan
 from splavu_core.ingest.manifest import ManifestError
 from splavu_core.ingest.masks import PixelError
@@ -408,8 +409,10 @@ def cmd_demo(args) -> int:
     keys = []
     for name in names:
         keys += r.ingest(inst, store, name, str(data / name / "manifest.csv"), args.shard_size)
-    print(f"\n2/7 extracting raw latents of {len(keys)} shards into {store.root} (shipped demo VideoMAE)")
-    rows = _extract(store, r.EncoderResource(), keys)  # static clips where roles say training reads them
+    encoder = DEMO_ENCODERS[args.encoder]
+    print(f"\n2/7 extracting raw latents of {len(keys)} shards into {store.root} (shipped VideoMAE '{args.encoder}': "
+          f"{encoder.name})")
+    rows = _extract(store, r.EncoderResource(checkpoint=str(encoder)), keys)  # static clips where roles say training reads them
     print(f"  {sum(x['clips'] for x in rows)} clip latents + {sum(x['static_clips'] for x in rows)} static, "
           f"{sum(x['quarantined'] for x in rows)} quarantined "
           f"[{time.perf_counter() - t0:.0f} s]")
@@ -723,6 +726,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--with", dest="extras", metavar="GROUPS",
                    help=f"also run these dataset groups, comma-separated ({', '.join(DEMO_EXTRAS)}); not by default")
     p.add_argument("--full", action="store_true", help="every dataset of the benchmark (= --with bias,gait)")
+    p.add_argument("--encoder", default="demo", choices=sorted(DEMO_ENCODERS),
+                   help="the shipped encoder: 'demo' (trained with appearance heads) or 'action' (actions + masked "
+                        "reconstruction only, as real VFMs are); a store holds one encoder's latents")
     p.set_defaults(fn=cmd_demo)
 
     p = add("sql", help="run a read-only SQL query on the catalog (catalog.duckdb)")

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from splavu_core.extract.encoders import ACTION_CHECKPOINT, DEMO_CHECKPOINT, DEMO_ENCODERS  # noqa: F401
 from splavu_core.extract.encoders.preprocess import Preprocess
 from splavu_core.extract.sampling import ClipSampling
 
-DEMO_CHECKPOINT = Path(__file__).parent / "demo_checkpoint"
 
 
 class EncoderError(Exception):
