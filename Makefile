@@ -1,26 +1,66 @@
-# Two commands: `make demo` and `make test`. Both set up .venv from pinned requirements first.
+# Two commands: `make demo` and `make test`. Both set up .venv from the lock (requirements.lock) first.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
 export DAGSTER_HOME := $(CURDIR)/.dagster_home
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: demo test setup ablations baselines bench clean
+# torch's build: TORCH=cpu (default) or TORCH=cuda. Each has a lock of the whole set with hashes, written by `make lock`:
+# requirements.lock (torch's CPU build) and requirements-cuda.lock (PyPI's CUDA build and the NVIDIA libraries it loads).
+TORCH ?= cpu
+LOCK_cpu := requirements.lock
+LOCK_cuda := requirements-cuda.lock
+LOCK := $(LOCK_$(TORCH))
+ifeq ($(LOCK),)
+$(error TORCH=$(TORCH): use TORCH=cpu or TORCH=cuda)
+endif
+STAMP := $(VENV)/.installed-$(TORCH)
 
-$(STAMP): requirements.txt requirements-dagster.txt pyproject.toml
+.PHONY: demo test setup lock ablations baselines bench clean
+
+# Exactly the lock: every package at its locked version and hash with --no-deps (the lock is the whole resolved set),
+# pip itself first (its entry in the lock). The project goes in editable, built by the locked setuptools (no build
+# isolation: nothing outside the lock is fetched). A .venv set up for the other torch build is started afresh.
+# tests/test_install.py fails when the running environment differs from the lock.
+$(STAMP): $(LOCK) pyproject.toml
+	if [ -e $(VENV)/.installed-$(filter-out $(TORCH),cpu cuda) ]; then rm -rf $(VENV); fi
 	test -d $(VENV) || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -r requirements.txt
-	$(BIN)/pip install -q --no-deps -r requirements-dagster.txt
-	$(BIN)/pip install -q --no-deps -e .
-	touch $(STAMP)
+	sed -n '/^pip==/,/[^\\]$$/p' $(LOCK) > $(VENV)/pip.lock
+	$(BIN)/python -m pip install -q --require-hashes --no-deps -r $(VENV)/pip.lock
+	$(BIN)/pip install -q --require-hashes --no-deps -r $(LOCK)
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
+	rm -f $(VENV)/.installed*
+	touch $@
 
 $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 	mkdir -p $(DAGSTER_HOME)
 	cp dagster.yaml $@
 
 setup: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
+
+# Rewrites both locks from requirements.txt and requirements-dagster.txt, for CPython 3.11 on x86_64 Linux, with uv
+# (installed in .lock-tools/, not in .venv). It keeps every locked version the inputs still allow; LOCK_ARGS=--upgrade
+# takes the newest they allow instead. Then `make setup` and commit both locks with the inputs. The integrations' pin
+# of dagster gives way to requirements.txt's (requirements-dagster.txt says why), and bokeh, which dagster-dask asks
+# for only for dask's dashboard, is left out (never installed here; the cluster tests pass without it). uv reads no
+# pip configuration: TORCH_CPU_WHEELS is where it finds torch's CPU build (this machine's folder of wheels, or a
+# find-links page such as https://download.pytorch.org/whl/cpu/torch/).
+UV_VERSION := 0.13.8
+TORCH_CPU_WHEELS ?= /opt/wheels
+LOCK_TOOLS := .lock-tools
+LOCK_ARGS ?=
+UV_COMPILE = $(LOCK_TOOLS)/bin/uv pip compile requirements.txt requirements-dagster.txt --python-version 3.11 \
+	--python-platform x86_64-manylinux_2_28 --generate-hashes --excludes $(LOCK_TOOLS)/excludes.txt \
+	-q --custom-compile-command 'make lock' $(LOCK_ARGS)
+lock:
+	test -d $(LOCK_TOOLS) || $(PY) -m venv $(LOCK_TOOLS)
+	$(LOCK_TOOLS)/bin/pip install -q uv==$(UV_VERSION)
+	echo bokeh > $(LOCK_TOOLS)/excludes.txt
+	grep '^dagster==' requirements.txt > $(LOCK_TOOLS)/overrides-cuda.txt
+	sed -n 's/^torch==\([^ ]*\).*/torch==\1+cpu/p' requirements.txt | cat $(LOCK_TOOLS)/overrides-cuda.txt - \
+		> $(LOCK_TOOLS)/overrides-cpu.txt
+	$(UV_COMPILE) --overrides $(LOCK_TOOLS)/overrides-cpu.txt --find-links $(TORCH_CPU_WHEELS) -o $(LOCK_cpu)
+	$(UV_COMPILE) --overrides $(LOCK_TOOLS)/overrides-cuda.txt -o $(LOCK_cuda)
 
 # The install's wall time goes to the report's cost section with the demo's own stages. DEMO_ARGS: e.g. --full
 # (adds the Bias-F/M and gait sets, left out by default: see `splavu demo --help`).
