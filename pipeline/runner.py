@@ -189,9 +189,36 @@ def run_reanonymize(inst: dg.DagsterInstance, store: StoreResource, version: str
 
 
 def run_forget(inst: dg.DagsterInstance, store: StoreResource, request_id: str) -> dict:
-    """The `forget` job on one journaled request; returns the erasure_request asset's metadata values."""
-    res = run_job(inst, "forget", store, run_config={"ops": {"erasure_request": {"config": {"request_id": request_id}}}})
-    return metadata(res, "erasure_request")
+    """The `forget` job on one journaled request (erase, then the refit it calls for). Returns {asset: its metadata
+    values} for what the run materialized: erasure_request, erasure_refit, and what the refit reported as aam_model,
+    feature_catalog and anonymized_features ({shard: values}); plus "error": (expected, one line) when it failed
+    (expected: an error of the request or the store, which the asset reported as a Failure; else a bug)."""
+    res = run_job(inst, "forget", store, run_config={"ops": {"erasure": {"config": {"request_id": request_id}}}},
+                  raise_on_error=False)
+    out: dict = {}
+    for m in res.asset_materializations_for_node("erasure"):
+        values = {k: v.value for k, v in m.metadata.items()}
+        if m.partition:
+            out.setdefault(m.asset_key.to_user_string(), {})[m.partition] = values
+        else:
+            out[m.asset_key.to_user_string()] = values
+    if not res.success:
+        out["error"] = run_failure(res)
+    return out
+
+
+def run_failure(res: dg.JobExecutionResult) -> tuple[bool, str]:
+    """(expected, one line) of a failed run: a dg.Failure's description (expected), else what was raised first."""
+    for ev in res.get_step_failure_events():
+        data = ev.step_failure_data
+        if data.user_failure_data is not None and data.user_failure_data.description:
+            return True, data.user_failure_data.description
+        err = data.error
+        while err is not None and err.cause is not None:
+            err = err.cause
+        if err is not None:
+            return False, f"{err.cls_name}: {err.message.strip().splitlines()[0] if err.message.strip() else ''}"
+    return False, f"run {res.run_id} failed"
 
 
 def run_evaluation(store, config: dict | None = None, instance: dg.DagsterInstance | None = None,
