@@ -31,7 +31,14 @@ from assets.partitions import shards
 from assets.resources import StoreResource
 from splavu_core.evaluation.gates import passes_gates
 from splavu_core.ingest.datasets import registered
-from splavu_core.publish.anonymized_tables import anonymize_shard, apply_retention, published_rows, published_shards
+from splavu_core.publish.anonymized_tables import (
+    anonymize_shard,
+    apply_retention,
+    published_rows,
+    published_shards,
+    retention_victims,
+)
+from splavu_core.serve.catalog import build_catalog
 from splavu_core.serve.neighbors import prune_indexes
 from splavu_core.settings import settings
 from splavu_core.store import costs
@@ -206,6 +213,8 @@ def publish_shard(feature_store: FeatureStore, shard: str, config: AnonymizeConf
     if "max_abs_change" in res:
         md["max_abs_change"] = float(res["max_abs_change"])
     if config.retention:
+        if victims := retention_victims(feature_store, config.retention):
+            build_catalog(feature_store, leaving=victims)  # un-named before deleted: analysts never meet a vanished file
         kept = apply_retention(feature_store, config.retention)
         kept["indexes_pruned"] = prune_indexes(feature_store)  # a neighbour index goes with its version's tables
         md["retention"] = dg.MetadataValue.json(kept)

@@ -34,7 +34,7 @@ from splavu_core.ingest.masks import PixelError
 from splavu_core.ingest.synth.datasets import BENCHMARKS, DATASETS, DEFAULT_BENCHMARK, BenchmarkMismatch, generate, plan
 from splavu_core.serve.analyst import query
 from splavu_core.serve.catalog import CatalogError, build_catalog, catalog_path, empty_reason
-from splavu_core.serve.neighbors import Index, NeighborsError, neighbors, refuse_if_refused
+from splavu_core.serve.neighbors import NeighborsError, search
 from splavu_core.serve.tables import format_table
 from splavu_core.settings import settings
 from splavu_core.store import costs
@@ -523,19 +523,11 @@ def cmd_neighbors(args) -> int:
     if args.k < 1:
         raise NeighborsError(f"--k must be >= 1, got {args.k}")
     store = FeatureStore(_store_root(args))
-    version = args.version or current_version(store)
-    index = None
-    if version in read_versions(store)["version"].to_pylist():  # else neighbors() explains what is missing
-        refuse_if_refused(store, version)
-        index = Index.open(store, version)
-        if not index.from_index:
-            print(f"note: AAM version {version} has no up-to-date neighbour index, so its Parquet tables were read "
-                  f"instead (slow); `splavu publish --version {version}` writes it", file=sys.stderr)
-    out = format_table(neighbors(store, args.video_id, k=args.k, reduce=args.reduce, dataset=args.dataset,
-                                 version=version, index=index, mode=args.search, nprobe=args.nprobe), args.format)
+    out = format_table(search(store, args.video_id, k=args.k, reduce=args.reduce, dataset=args.dataset,
+                              version=args.version, mode=args.search, nprobe=args.nprobe,
+                              note=lambda m: print(f"note: {m}", file=sys.stderr)), args.format)
     print(out, end="" if out.endswith("\n") else "\n")
     return 0
-
 
 
 def cmd_forget(args) -> int:

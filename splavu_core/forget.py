@@ -280,6 +280,9 @@ def _handle_fitted(store: FeatureStore, journal: dict) -> list[dict]:
         return [{"layer": "aam_version", "item": v, "note": "fitted on erased videos; kept by override "
                  "(--keep-fitted-versions), rows removed"} for v in fitted]
     retire_versions(store, fitted, f"fitted on videos erased by request {rid}: retired")
+    # un-named before deleted: the catalog without them first (no version current now, or the one kept), so that
+    # analysts querying meanwhile read an empty current table with its reason, not a view over vanished files
+    build_catalog(store, leaving=fitted)
     rows = []
     for v in fitted:
         keys = [anonymized_key(v), f"aam/{v}", f"reports/gates/{v}.json"]

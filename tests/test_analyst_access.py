@@ -235,3 +235,41 @@ def test_a_catalog_naming_files_outside_the_store_says_so_and_not_that_the_query
     cat.build_catalog(catalog)  # what the message says: rebuilt, it answers
     rc, out, err = cli(capsys, "--store", str(catalog.root), "sql", "SELECT count(*) AS n FROM videos", "--format", "json")
     assert rc == 0 and json.loads(out) == [{"n": 10}], err
+
+
+# ---------------------------------------------------------------- the store changing under a query (issue 47, item 5)
+
+def test_a_file_that_vanishes_under_a_query_is_retried_once_on_the_new_catalog(catalog, monkeypatch):
+    """A writer that deletes a version's table rebuilds the catalog without it first; a reader still on the old
+    catalog meets the vanished file, and its one retry, on the rebuilt catalog, answers."""
+    import pyarrow.parquet as pq
+
+    version = ledger.current_version(catalog)
+    part = catalog.root / "anonymized" / version / "tad-000.parquet"
+    moved_aside = pq.read_table(part)
+    part.unlink()  # the store changed; the catalog still names the file
+    rebuilt = []
+
+    def pause(seconds):  # what happens meanwhile: the file is back (a re-publish) and the catalog rebuilt
+        pq.write_table(moved_aside, part)
+        rebuilt.append(cat.build_catalog(catalog))
+
+    monkeypatch.setattr(analyst.time, "sleep", pause)
+    before = dict(analyst.RETRIED)
+    got = analyst.query(catalog, "SELECT count(*) AS n FROM anonymized_features_all")
+    assert got["n"][0].as_py() == 30 and rebuilt
+    assert sum(analyst.RETRIED.values()) == sum(before.values()) + 1
+
+
+@pytest.mark.parametrize("view", ["anonymized_features", "anonymized_features_all"])
+def test_a_store_that_keeps_changing_says_so_in_one_line(catalog, capsys, monkeypatch, view):
+    """Nothing rebuilds the catalog after a table went away (a glob view, and a view listing its files by name,
+    which DuckDB then reads as a folder): after the one retry, one line that blames the store, not the query."""
+    version = ledger.current_version(catalog)
+    for p in (catalog.root / "anonymized" / version).glob("*.parquet"):
+        p.unlink()
+    monkeypatch.setattr(analyst, "RETRY_PAUSE_S", 0.0)
+    rc, out, err = cli(capsys, "--store", str(catalog.root), "sql", f"SELECT count(*) FROM {view}")
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "the store changed while this query ran" in err and "nothing is wrong with the query" in err
+    assert "read-only" not in err and "IO Error" not in err and "Permission Error" not in err

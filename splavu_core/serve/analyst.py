@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections import Counter
 from pathlib import PurePosixPath
 
 import duckdb
@@ -53,6 +54,7 @@ class StaleCatalogError(CatalogError):
 
 
 RETRY_PAUSE_S = 0.1  # before the one retry: a writer that un-named files has rebuilt the catalog by then
+RETRIED = Counter()  # retries this process made, by what changed ("vanished", "appeared"): benchmarks/concurrency.py
 _QUOTED = r"'(?:[^']|'')*'"
 # read_parquet's first argument: one path, or a list of them (DuckDB stores [...] as list_value(...))
 _READ_PARQUET = re.compile(rf"read_parquet\(\s*(list_value\((?:{_QUOTED}|[\s,])*\)|\[(?:{_QUOTED}|[\s,])*\]|{_QUOTED})")
@@ -210,6 +212,9 @@ def _store_changed(con, store: FeatureStore, e: duckdb.Error) -> str | None:
         parts = PurePosixPath(key).parts
         if any(len(PurePosixPath(k).parts) == len(parts) and PurePosixPath(key).match(k) for k in keys):
             return f"{key} appeared under a view"
+        # a file a view lists by name that is gone: DuckDB then reads the name as a folder (<file>/**/*.parquet)
+        if gone := next((k for k in keys if "*" not in k and key.startswith(k + "/")), None):
+            return f"{gone} went away"
     return None
 
 
@@ -227,6 +232,7 @@ def _on_catalog(store: FeatureStore, read_only: bool, work, what: str):
             con = _connect(store, read_only)
         except _Changed as e:
             if attempt == 0:
+                RETRIED["vanished"] += 1
                 time.sleep(RETRY_PAUSE_S)
                 continue
             raise StoreChangedError(_changed_message(store, str(e))) from e
@@ -235,6 +241,7 @@ def _on_catalog(store: FeatureStore, read_only: bool, work, what: str):
         except duckdb.Error as e:
             changed = _store_changed(con, store, e)
             if changed and attempt == 0:
+                RETRIED["appeared" if changed.endswith("appeared under a view") else "vanished"] += 1
                 time.sleep(RETRY_PAUSE_S)
                 continue
             if changed:
