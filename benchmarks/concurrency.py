@@ -77,7 +77,7 @@ def reader(args: dict) -> None:
         kind, argv = commands[i % len(commands)]
         i += 1
         out, err = io.StringIO(), io.StringIO()
-        retried = sum(analyst.RETRIED.values()) + sum(neighbors.RETRIED.values())
+        retried = retries(analyst, neighbors)
         t0 = time.time()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
@@ -86,7 +86,7 @@ def reader(args: dict) -> None:
                 rc, _ = 99, err.write(f"{type(e).__name__}: {e}\n")
         row = {"cmd": kind, "q": (i - 1) % len(commands), "t0": t0, "t1": time.time(), "rc": rc,
                "err": err.getvalue() if rc else "",
-               "retried": sum(analyst.RETRIED.values()) + sum(neighbors.RETRIED.values()) - retried}
+               "retried": retries(analyst, neighbors) - retried}
         if rc == 0:
             try:
                 row["out"] = json.loads(out.getvalue() or "[]")
@@ -94,6 +94,11 @@ def reader(args: dict) -> None:
                 row["out"], row["rc"], row["err"] = None, 98, f"unparsable output: {out.getvalue()[:200]}"
         print(json.dumps(row), flush=True)
         time.sleep(args["pause"])
+
+
+def retries(*modules) -> int:
+    """Retries the serving modules made in this process so far (0 for a checkout without the counters)."""
+    return sum(sum(getattr(m, "RETRIED", {}).values()) for m in modules)
 
 
 # ---------------------------------------------------------------- the parent
