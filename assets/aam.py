@@ -172,13 +172,18 @@ def _pair_matching_panel(ax, history: list[dict], diag: dict) -> None:
 @dg.asset(deps=["clip_latents", "static_latents"], group_name="anonymizer", kinds={"pytorch", "safetensors"},
           description="The AAM trained on cached clip + static latents (SPLAVU objectives). Never loads the encoder.")
 def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, store: StoreResource) -> dg.MaterializeResult:
-    feature_store = store.store()
+    return dg.MaterializeResult(metadata=fit_adapter(store.store(), config, log=context.log.info))
+
+
+def fit_adapter(feature_store, config: AAMTrainingConfig, log=print) -> dict:
+    """What aam_model does: fit the adapter `config` describes on the store's cached latents, save it, record the
+    version (not current). Returns the asset's metadata (its `version` among them); the erasure's refit calls it too."""
     plan = training_plan(feature_store, config.tasks, config.train_datasets(), config.selection)  # datasets by role
-    context.log.info(plan.summary())
+    log(plan.summary())
     data = load_training_data(feature_store, plan.datasets["ar"], plan.datasets["tad"], plan.datasets["ad"])
     train_cfg = config.train_config().replace(tasks=plan.tasks, selection=plan.selection)
     t = time.perf_counter()
-    adapter, acfg, summary = train_aam(data, train_cfg, log=context.log.info)
+    adapter, acfg, summary = train_aam(data, train_cfg, log=log)
     fit_s = time.perf_counter() - t  # fits, loop and diagnostics: the closed form's work is all outside the loop
     fingerprint = feature_store.encoder_fingerprint()
     version = adapter_version(adapter, acfg, fingerprint)  # content hash: same weights, same version
@@ -194,7 +199,7 @@ def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, stor
     record_version(feature_store, version, {"encoder_fingerprint": fingerprint, "config": acfg.to_dict()},
                    metrics, make_current=False)  # becomes current once its tables are published
     costs.record(feature_store, "splavu", "train", version, summary["seconds"])
-    return dg.MaterializeResult(metadata={
+    return {
         "version": version, "encoder_fingerprint": fingerprint, "path": dg.MetadataValue.path(str(final)),
         "fit": dg.MetadataValue.text(fit_description(summary, acfg.dim)),
         "fit_seconds": dg.MetadataValue.float(round(fit_s, 2)),
@@ -203,7 +208,7 @@ def aam_model(context: dg.AssetExecutionContext, config: AAMTrainingConfig, stor
         **_diagnostic_metadata(summary.get("diagnostics")),
         **_keep_metadata(summary.get("keep"), acfg.dim),
         **_keep_family_metadata(feature_store),
-    })
+    }
 
 
 def fit_description(summary: dict, dim: int) -> str:

@@ -31,7 +31,14 @@ from assets.partitions import shards
 from assets.resources import StoreResource
 from splavu_core.evaluation.gates import passes_gates
 from splavu_core.ingest.datasets import registered
-from splavu_core.publish.anonymized_tables import anonymize_shard, apply_retention, published_rows, published_shards
+from splavu_core.publish.anonymized_tables import (
+    anonymize_shard,
+    apply_retention,
+    published_rows,
+    published_shards,
+    retention_victims,
+)
+from splavu_core.serve.catalog import build_catalog
 from splavu_core.serve.neighbors import prune_indexes
 from splavu_core.settings import settings
 from splavu_core.store import costs
@@ -182,17 +189,22 @@ REANONYMIZE = ((NEW_VERSION.since_last_handled() | (NEW_LATENTS.since_last_handl
                       "(the encoder is never loaded). Skips shards already published with that version.")
 def anonymized_features(context: dg.AssetExecutionContext, config: AnonymizeConfig,
                         store: StoreResource) -> dg.MaterializeResult:
+    return dg.MaterializeResult(metadata=publish_shard(store.store(), context.partition_key, config,
+                                                       log=context.log.info))
+
+
+def publish_shard(feature_store: FeatureStore, shard: str, config: AnonymizeConfig, log=print) -> dict:
+    """What anonymized_features does for one shard: publish it with the configured version, promote the version when
+    this completes it (both gates), apply retention. Returns the asset's metadata; the erasure's refit calls it too."""
     if config.retention < 0:
         raise PublishError(f"retention must be >= 0 (0 keeps every version), got {config.retention}")
-    feature_store = store.store()
-    shard = context.partition_key
     version = resolve_version(feature_store, config.aam_version) if config.aam_version else unpinned_version(feature_store)
     res = anonymize_shard(feature_store, shard, adapter_dir(feature_store, version))
     if not res["skipped"]:
         costs.record(feature_store, "splavu", "anonymize", f"{version}/{shard}", res["seconds"], clips=res["rows"])
     current, why = maybe_promote(feature_store, version)
     done = "already published, skipped" if res["skipped"] else f"published {res['rows']} rows"
-    context.log.info(f"{shard}: AAM {version}: {done}; current: {current} ({why})")
+    log(f"{shard}: AAM {version}: {done}; current: {current} ({why})")
     md = {"rows": res["rows"], "dim": res["dim"], "aam_version": version, "skipped": res["skipped"],
           "path": dg.MetadataValue.path(res["path"]), "seconds": round(res["seconds"], 3),
           "clips_per_s": dg.MetadataValue.float(round(res["rows"] / res["seconds"], 1)
@@ -201,9 +213,11 @@ def anonymized_features(context: dg.AssetExecutionContext, config: AnonymizeConf
     if "max_abs_change" in res:
         md["max_abs_change"] = float(res["max_abs_change"])
     if config.retention:
+        if victims := retention_victims(feature_store, config.retention):
+            build_catalog(feature_store, leaving=victims)  # un-named before deleted: analysts never meet a vanished file
         kept = apply_retention(feature_store, config.retention)
         kept["indexes_pruned"] = prune_indexes(feature_store)  # a neighbour index goes with its version's tables
         md["retention"] = dg.MetadataValue.json(kept)
         if kept["deleted"]:
-            context.log.info(f"retention (newest {config.retention}): deleted tables of {kept['deleted']}")
-    return dg.MaterializeResult(metadata=md)
+            log(f"retention (newest {config.retention}): deleted tables of {kept['deleted']}")
+    return md

@@ -54,15 +54,20 @@ REFRESH = (_AC.any_deps_updated().since_last_handled() & ~_AC.any_deps_in_progre
           description="catalog.duckdb + each version's neighbour index (splavu_core.serve.neighbors): views videos, clips, quarantine, anonymized_features (current AAM, FLOAT[D]), "
                       "anonymized_features_all, aam_versions, metrics, runs, storage. Open it read-only with duckdb.")
 def feature_catalog(context: dg.AssetExecutionContext, store: StoreResource) -> dg.MaterializeResult:
-    feature_store = store.store()
-    n_runs = record_runs(feature_store, context.instance)
+    return dg.MaterializeResult(metadata=refresh_catalog(store.store(), context.instance, log=context.log.info))
+
+
+def refresh_catalog(feature_store: FeatureStore, instance: dg.DagsterInstance, log=print) -> dict:
+    """What feature_catalog does: the run history copied in, the catalog rebuilt, the neighbour indexes refreshed.
+    Returns the asset's metadata; the erasure's refit calls it too."""
+    n_runs = record_runs(feature_store, instance)
     res = build_catalog(feature_store)
     nn = refresh_indexes(feature_store)  # `splavu neighbors` reads these, not the Parquet tables
-    context.log.info(f"neighbour indexes written for {nn['written'] or 'no'} version(s), pruned {nn['pruned'] or 'none'}")
-    context.log.info(f"catalog {res['path']}: AAM version {res['version']}, {sum(res['rows'].values())} rows in "
-                     f"{len(res['rows'])} views ({res['seconds']:.2f} s)")
-    return dg.MaterializeResult(metadata={
+    log(f"neighbour indexes written for {nn['written'] or 'no'} version(s), pruned {nn['pruned'] or 'none'}")
+    log(f"catalog {res['path']}: AAM version {res['version']}, {sum(res['rows'].values())} rows in "
+        f"{len(res['rows'])} views ({res['seconds']:.2f} s)")
+    return {
         "path": dg.MetadataValue.path(res["path"]), "views": dg.MetadataValue.json(sorted(res["rows"])),
         "rows": dg.MetadataValue.json(res["rows"]), "files": dg.MetadataValue.json(res["files"]),
         "aam_version": res["version"] or "", "dim": res["dim"] or 0, "runs_recorded": n_runs,
-        "seconds": round(res["seconds"], 3), "neighbor_indexes": dg.MetadataValue.json(nn)})
+        "seconds": round(res["seconds"], 3), "neighbor_indexes": dg.MetadataValue.json(nn)}

@@ -1,27 +1,132 @@
-"""erasure_request: complete one journaled erasure request (`splavu forget` opens it; splavu_core/forget.py works)."""
+"""The erasure workflow, one step with two assets: erasure_request (the videos removed from every layer, checked, the
+receipt) and erasure_refit (when the current version was fitted on them: the same fit without them, published to
+every shard through both gates, checked again, the receipt completed). splavu_core/forget.py does the work; this
+module gives it the aam_model, anonymized_features and feature_catalog assets' own code to fit and publish with, and
+reports what they did as those assets' materializations.
+
+Launched two ways, with the same result: `splavu forget` opens the request itself (so the run config names only its
+id) and launches the `forget` job; from the UI's Launchpad the config names the videos or subjects and a reason (the
+run config, and so Dagster's run history in $DAGSTER_HOME, then holds those ids: delete the run to forget them too).
+"""
 import dagster as dg
 from pydantic import Field
 
+from assets.aam import AAMTrainingConfig, fit_adapter
+from assets.anonymized import AnonymizeConfig, publish_shard, registered_shards
+from assets.catalog import refresh_catalog
+from assets.partitions import shards
 from assets.resources import StoreResource
-from splavu_core.forget import check_line, layer_totals, run_request
+from splavu_core import forget as fg
+from splavu_core.store.feature_store import StoreError
+from splavu_core.store.ledger import read_verdicts
 
 
 class ForgetConfig(dg.Config):
-    # only the request's id: the videos are named in the store's journal, never in run config (kept by Dagster)
-    request_id: str = Field(description="the erasure request to complete (opened by `splavu forget`)")
+    request_id: str = Field(default="", description="an erasure request opened by `splavu forget` (its videos are "
+                                                    "named in the store's journal, not here); or leave it empty and "
+                                                    "name the videos or subjects below")
+    videos: list[str] = Field(default=[], description="video ids to erase (kept in this run's config: Dagster's run "
+                                                      "history then names them)")
+    subjects: list[str] = Field(default=[], description="erase every video whose manifest row has one of these "
+                                                        "subject_ids (kept in this run's config, as videos)")
+    reason: str = Field(default="", description="why (required with videos / subjects; kept in the erasure log: do "
+                                                "not name the person)")
+    keep_fitted_versions: bool = Field(default=False, description="keep the AAM versions fitted on these videos "
+                                                                  "(their rows removed) instead of retiring them")
 
 
-@dg.asset(group_name="erasure", kinds={"zarr", "parquet"},
-          description="Removes the videos of one erasure request from every layer of the store (raw latents, "
-                      "anonymized tables, manifests, labels, caches, neighbour indexes, catalog), retires the AAM "
-                      "versions fitted on them, reads every file back to check, and appends the receipt to the "
-                      "erasure log. A killed run is completed by running it again.")
-def erasure_request(context: dg.AssetExecutionContext, config: ForgetConfig, store: StoreResource) -> dg.MaterializeResult:
-    summary = run_request(store.store(), config.request_id, log=context.log.warning)
-    if not summary["check"]["clean"]:
-        raise dg.Failure(description=f"erasure request {config.request_id}: {check_line(summary['check'])}")
-    return dg.MaterializeResult(metadata={
-        "request_id": config.request_id, "videos": summary["videos"], "check": check_line(summary["check"]),
-        "layers": dg.MetadataValue.json(layer_totals(summary["receipt"])),
-        "summary": dg.MetadataValue.json({k: summary[k] for k in ("refit_config", "current_before", "fitted_versions",
-                                                                   "keep_fitted")})})
+ERASURE_REQUEST = dg.AssetSpec(
+    "erasure_request", group_name="erasure", kinds={"zarr", "parquet"},
+    description="Removes the videos of one erasure request from every layer of the store (raw latents, anonymized "
+                "tables, manifests, labels, caches, neighbour indexes, catalog), retires the AAM versions fitted on "
+                "them, reads every file back to check, and appends the receipt to the erasure log. A killed run is "
+                "completed by running it again.")
+ERASURE_REFIT = dg.AssetSpec(
+    "erasure_refit", deps=[ERASURE_REQUEST], group_name="erasure", kinds={"pytorch", "parquet"},
+    description="When the current AAM version was fitted on the erased videos: the same fit on what is left "
+                "(aam_model's code), published to every shard (anonymized_features': promoted only if both gates "
+                "pass), the catalog rebuilt, every file read back again, the outcome appended to the receipt. "
+                "Nothing to do otherwise.")
+
+
+def _refit_steps(context, feature_store, events: list):
+    """train(config) -> version and publish(version) for fg.refit, through the assets' own code; the materializations
+    they amount to are appended to `events` (reported once the refit is done)."""
+
+    def train(config: dict) -> str:
+        md = fit_adapter(feature_store, AAMTrainingConfig(**config), log=context.log.info)
+        events.append(dg.AssetMaterialization(asset_key="aam_model", metadata=md))
+        return md["version"]
+
+    def publish(version: str) -> dict:
+        keys = [s for s in registered_shards(feature_store) if feature_store.committed(s)]
+        known = set(context.instance.get_dynamic_partitions(shards.name))
+        if missing := sorted(set(keys) - known):
+            context.instance.add_dynamic_partitions(shards.name, missing)
+        out = {}
+        for key in keys:
+            md = publish_shard(feature_store, key, AnonymizeConfig(aam_version=version), log=context.log.info)
+            events.append(dg.AssetMaterialization(asset_key="anonymized_features", partition=key, metadata=md))
+            out[key] = {k: md[k] for k in ("rows", "skipped", "promotion", "is_current", "current_version")}
+        md = refresh_catalog(feature_store, context.instance, log=context.log.info)
+        events.append(dg.AssetMaterialization(asset_key="feature_catalog", metadata=md))
+        return out
+
+    return train, publish
+
+
+def _request_id(context, config: ForgetConfig, feature_store) -> str | None:
+    if config.request_id:
+        if config.videos or config.subjects:
+            raise fg.ForgetError("configure either request_id (a request `splavu forget` opened) or videos / subjects")
+        return config.request_id
+    rid, found = fg.request_for(feature_store, config.videos, config.subjects, config.reason,
+                                keep_fitted=config.keep_fitted_versions)
+    for v in found["already"]:
+        context.log.info(f"video {v!r} was erased already (it has a tombstone)")
+    if found["files"]:
+        context.log.warning(f"the videos' own files are not touched; delete them yourself: {', '.join(found['files'])}")
+    return rid
+
+
+@dg.multi_asset(specs=[ERASURE_REQUEST, ERASURE_REFIT], name="erasure")
+def erasure(context: dg.AssetExecutionContext, config: ForgetConfig, store: StoreResource):
+    feature_store = store.store()
+    try:
+        rid = _request_id(context, config, feature_store)
+        if rid is None:
+            yield dg.MaterializeResult(asset_key="erasure_request", metadata={"request_id": "", "videos": 0,
+                                                                              "check": "nothing to erase"})
+            yield dg.MaterializeResult(asset_key="erasure_refit", metadata={"refit": "not needed"})
+            return
+        events = []
+        train, publish = _refit_steps(context, feature_store, events)
+        for stage, out in fg.forget(feature_store, rid, train, publish, log=context.log.warning):
+            if stage == "erased":
+                if not out["check"]["clean"]:
+                    raise dg.Failure(description=f"erasure request {rid}: {fg.check_line(out['check'])}")
+                yield dg.MaterializeResult(asset_key="erasure_request", metadata=erased_metadata(out))
+            else:
+                yield from events
+                yield dg.MaterializeResult(asset_key="erasure_refit", metadata=refit_metadata(feature_store, out, rid))
+    except StoreError as e:  # one line for the CLI and the UI (fg.RefitError: the erasure itself stands)
+        raise dg.Failure(description=str(e)) from e
+
+
+def erased_metadata(summary: dict) -> dict:
+    return {"request_id": summary["request_id"], "videos": summary["videos"], "check": fg.check_line(summary["check"]),
+            "fitted": fg.fitted_summary(summary),
+            "layers": dg.MetadataValue.json(fg.layer_totals(summary["receipt"])),
+            "summary": dg.MetadataValue.json({k: summary[k] for k in ("refit_config", "current_before",
+                                                                       "fitted_versions", "keep_fitted")})}
+
+
+def refit_metadata(feature_store, outcome: dict, request_id: str) -> dict:
+    if not outcome["needed"]:
+        return {"request_id": request_id, "refit": "not needed: the current version was not fitted on these videos"}
+    version = outcome["version"]
+    verdicts = read_verdicts(feature_store, version)
+    return {"request_id": request_id, "refit": "done", "version": version, "current": outcome["current"],
+            "why": outcome["why"], "check": fg.check_line(outcome["check"]),
+            "gates": dg.MetadataValue.json({g: {"passed": v["passed"], "why": v["why"]} for g, v in verdicts.items()}),
+            "shards": dg.MetadataValue.json(outcome["published"])}

@@ -35,7 +35,7 @@ from splavu_core.ingest.masks import PixelError
 from splavu_core.ingest.synth.datasets import BENCHMARKS, DATASETS, DEFAULT_BENCHMARK, BenchmarkMismatch, generate, plan
 from splavu_core.serve.analyst import query
 from splavu_core.serve.catalog import CatalogError, build_catalog, catalog_path, empty_reason
-from splavu_core.serve.neighbors import Index, NeighborsError, neighbors, refuse_if_refused
+from splavu_core.serve.neighbors import NeighborsError, search
 from splavu_core.serve.tables import format_table
 from splavu_core.settings import settings
 from splavu_core.store import costs
@@ -127,14 +127,19 @@ def _train_aam(store, config: dict) -> str:
     r = _runner()
     res = r.train_aam(r.instance(), store, config)
     md = {k: v.value for k, v in res.asset_materializations_for_node("aam_model")[0].metadata.items()}
-    if "selected_epoch" in md:  # a trained adapter
-        print(f"  AAM {md['version']}: {md['parameters']} parameters, selected epoch "
-              f"{md['selected_epoch']}, {md['train_seconds']:.0f} s (encoder never loaded)")
-    else:  # closed form: what was fitted, not "0 parameters, selected epoch 0"
-        print(f"  AAM {md['version']}: {md['fit']}, {md['fit_seconds']:.0f} s (encoder never loaded)")
+    print(f"  {train_line(md)}")
     if "pair_matching_chance" in md:
         print(f"  {pair_matching_line(md)}")
     return md["version"]
+
+
+def train_line(md: dict) -> str:
+    """One line on a fitted AAM (aam_model's metadata values)."""
+    if "selected_epoch" in md:  # a trained adapter
+        return (f"AAM {md['version']}: {md['parameters']} parameters, selected epoch {md['selected_epoch']}, "
+                f"{md['train_seconds']:.0f} s (encoder never loaded)")
+    # closed form: what was fitted, not "0 parameters, selected epoch 0"
+    return f"AAM {md['version']}: {md['fit']}, {md['fit_seconds']:.0f} s (encoder never loaded)"
 
 
 def pair_matching_line(md: dict) -> str:
@@ -521,19 +526,11 @@ def cmd_neighbors(args) -> int:
     if args.k < 1:
         raise NeighborsError(f"--k must be >= 1, got {args.k}")
     store = FeatureStore(_store_root(args))
-    version = args.version or current_version(store)
-    index = None
-    if version in read_versions(store)["version"].to_pylist():  # else neighbors() explains what is missing
-        refuse_if_refused(store, version)
-        index = Index.open(store, version)
-        if not index.from_index:
-            print(f"note: AAM version {version} has no up-to-date neighbour index, so its Parquet tables were read "
-                  f"instead (slow); `splavu publish --version {version}` writes it", file=sys.stderr)
-    out = format_table(neighbors(store, args.video_id, k=args.k, reduce=args.reduce, dataset=args.dataset,
-                                 version=version, index=index, mode=args.search, nprobe=args.nprobe), args.format)
+    out = format_table(search(store, args.video_id, k=args.k, reduce=args.reduce, dataset=args.dataset,
+                              version=args.version, mode=args.search, nprobe=args.nprobe,
+                              note=lambda m: print(f"note: {m}", file=sys.stderr)), args.format)
     print(out, end="" if out.endswith("\n") else "\n")
     return 0
-
 
 
 def cmd_forget(args) -> int:
@@ -577,47 +574,37 @@ def cmd_forget(args) -> int:
 
 
 def _forget(store, request_id: str, note: str = "") -> str:
-    """Run the `forget` job on a journaled request, then the refit it calls for; print what was done and checked."""
+    """Launch the `forget` job on a journaled request (erase, check, receipt; then the refit it calls for, through
+    both gates, and the check after it) and print what it did."""
     from splavu_core import forget as fg
 
     r = _runner()
-    ids, needles, shards, reason = fg.request_targets(store, request_id)
-    former = fg.former_vectors(store, ids, shards)  # for the check after the refit (the job checks its own part)
     print(f"erasure request {request_id}{f' ({note})' if note else ''}: the `forget` job", flush=True)
-    md = r.run_forget(r.instance(), r.StoreResource(root=str(store.root)), request_id)
-    for layer, t in md["layers"].items():
-        print(f"  {layer:15s} {t['items']:4d} item(s)  rows removed {t['rows_removed']:7d}  files removed "
-              f"{t['files_removed']:4d}  bytes rewritten {t['bytes_written']:10d}")
-    summary = md["summary"]
-    print(f"  {fg.fitted_summary(summary)}")
-    print(f"  check: {md['check']}")
-    if summary["refit_config"] is None:
-        return request_id
-    print("refitting the adapter without them (it was the current version and was fitted on them)", flush=True)
-    try:
-        version = _train_aam(r.StoreResource(root=str(store.root)), summary["refit_config"])
-        out = r.run_reanonymize(r.instance(), r.StoreResource(root=str(store.root)), version=version)
-    except Exception as e:  # the erasure itself is complete and checked: say so, and how to refit by hand
-        fg.record_refit(store, request_id, reason, None, False, f"refit failed: {_one_line(e)}", fg.verify(store, needles, former))
-        state = "the kept version stays current" if summary["keep_fitted"] else "no version is current"
-        raise StoreError(f"the erasure is complete and checked, but the refit failed ({_one_line(e)}); {state}: "
-                         f"refit by hand with `splavu train --config "
-                         f"{shlex.quote(json.dumps(summary['refit_config']))}` and `splavu publish`") from e
-    print(f"  {publish_summary(out)}")
-    for line in gate_lines(store, version):
-        print(f"  {line}")
-    current = current_version(store) == version
-    why = "passed both gates" if current else (refused_versions(store).get(version, {}).get("why") or "not promoted")
-    if not current:
-        print(f"  AAM {version} is NOT current ({why}); the version fitted on the erased videos is "
-              f"{'kept and filtered' if summary['keep_fitted'] else 'retired'}, so "
-              f"{'it' if summary['keep_fitted'] else 'no version'} serves analysts until one passes: no query returns "
-              f"the erased rows")
-    check = fg.verify(store, needles, former)
-    fg.record_refit(store, request_id, reason, version, current, why, check)
-    print(f"  check after the refit: {fg.check_line(check)}")
-    if not check["clean"]:
-        raise StoreError(f"erasure request {request_id}: check after the refit failed: {fg.check_line(check)}")
+    out = r.run_forget(r.instance(), r.StoreResource(root=str(store.root)), request_id)
+    summary = out.get("erasure_request", {}).get("summary", {})
+    if "erasure_request" in out:
+        md = out["erasure_request"]
+        for layer, t in md["layers"].items():
+            print(f"  {layer:15s} {t['items']:4d} item(s)  rows removed {t['rows_removed']:7d}  files removed "
+                  f"{t['files_removed']:4d}  bytes rewritten {t['bytes_written']:10d}")
+        print(f"  {md['fitted']}")
+        print(f"  check: {md['check']}")
+        if summary["refit_config"] is not None:
+            print("refitting the adapter without them (it was the current version and was fitted on them)")
+    if "aam_model" in out:
+        print(f"  {train_line(out['aam_model'])}")
+    refit = out.get("erasure_refit", {})
+    if refit.get("refit") == "done":
+        version = refit["version"]
+        print(f"  {publish_summary({'version': version, 'shards': refit['shards']})}")
+        for line in gate_lines(store, version):
+            print(f"  {line}")
+        if not refit["current"]:
+            print(f"  {fg.not_current_line(version, refit['why'], summary.get('keep_fitted', False))}")
+        print(f"  check after the refit: {refit['check']}")
+    if "error" in out:
+        expected, message = out["error"]
+        raise (StoreError if expected else RuntimeError)(message)
     return request_id
 
 

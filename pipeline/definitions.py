@@ -2,6 +2,7 @@
 import dagster as dg
 
 from assets import aam, anonymized, baselines, catalog, evaluation, forget, latents, manifest, operating_point
+from assets.groups import describe_groups
 from assets.resources import EncoderResource, StoreResource
 from pipeline import ablations
 from pipeline.executors import splavu_executor
@@ -15,8 +16,8 @@ REPOSITORY_LABEL = "__repository__@pipeline.definitions"
 REPOSITORY_TAG = ".dagster/repository"
 
 defs = dg.Definitions(
-    assets=[*dg.load_assets_from_modules([manifest, latents, aam, anonymized, catalog, evaluation, baselines,
-                                          operating_point, forget]), *ablations.ASSETS],
+    assets=describe_groups([*dg.load_assets_from_modules([manifest, latents, aam, anonymized, catalog, evaluation,
+                                                          baselines, operating_point, forget]), *ablations.ASSETS]),
     asset_checks=[*evaluation.CHECKS, *operating_point.CHECKS],  # load_assets_from_modules does not pick up checks
     jobs=[extract_job, train_aam_job, reanonymize_job, refresh_catalog_job, evaluate_job, ablations.ablations_job,
           pixel_baselines_job, operating_point.keep_curve_job, forget_job],

@@ -23,7 +23,8 @@ pixel_baselines_job = dg.define_asset_job(
                 "2x/4x downsampling) into its own store; then run `evaluate` to score them beside raw and splavu.")
 
 forget_job = dg.define_asset_job(
-    "forget", selection=dg.AssetSelection.assets("erasure_request"),
-    description="Complete an erasure request opened by `splavu forget` (config: its request_id): remove its videos "
-                "from every layer, retire the AAM versions fitted on them, check, log the receipt. `splavu forget` "
-                "then refits the current adapter without them (train_aam + reanonymize).")
+    "forget", selection=dg.AssetSelection.assets("erasure_request", "erasure_refit"),
+    description="Forget videos or a subject (config: videos / subjects and a reason, or the request_id `splavu forget` "
+                "opened): remove them from every layer, retire the AAM versions fitted on them, check, log the "
+                "receipt; then, when the current version was fitted on them, refit it without them, publish it to "
+                "every shard through both gates, check again and complete the receipt. `splavu forget` launches it.")

@@ -1,10 +1,12 @@
-"""Run the code location's named jobs in-process against the local Dagster instance ($DAGSTER_HOME), as the CLI does.
+"""Run the code location's named jobs against the local Dagster instance ($DAGSTER_HOME), as the CLI does.
 
 Every command runs a job of pipeline.definitions by name (`extract_latents`, `train_aam`, `reanonymize`,
-`refresh_catalog`, `evaluate`, `ablations`, `pixel_baselines`, `forget`) with its asset selection and the code location's
-repository tag, so `dagster dev` lists the runs on that job's page with those assets. Unlike a run launched from the UI
-it has no code-location origin (docs/operations.md, "Running with Dagster"); and the executor differs (in-process here;
-a cluster deployment runs the same jobs through its own executor).
+`refresh_catalog`, `evaluate`, `ablations`, `pixel_baselines`, `forget`, `keep_curve`) with its asset selection. The run
+is created as the UI creates one, from the code location that workspace.yaml loads: it carries that location's
+origin (`remote_job_origin`) and repository tag, so the UI's Overview timeline, the job's Runs tab and its
+re-execution find it. It then executes in this process (the in-process executor, chosen in its run config): the
+CLI sees what an asset raised, and needs no daemon or code server. The store and encoder reach the run through its
+run config (resources.store.config.root, ...), as they would from the UI's Launchpad.
 """
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ from assets.evaluation import EVAL_ASSETS, GATE_CHECKS, privacy_utility_report
 from assets.partitions import shards
 from assets.resources import EncoderResource, StoreResource
 from pipeline.ablations import VARIANTS
-from pipeline.definitions import REPOSITORY_LABEL, REPOSITORY_TAG, defs
+from pipeline.definitions import REPOSITORY_LABEL, REPOSITORY_TAG, job_named
 from pipeline.inprocess import quiet
+from pipeline.launch import execute
 from pipeline.reanonymize import anonymize_run_config
 from pipeline.recovery import fail_run, owned_run  # noqa: F401  (fail_run: the CLI)
 from splavu_core.extract.pixel import BASELINES  # noqa: F401  (the CLI)
@@ -106,45 +109,44 @@ def _add_shards(inst: dg.DagsterInstance, keys) -> None:
 def run_job(inst: dg.DagsterInstance, name: str, store: StoreResource, *, assets=None, partition_key: str | None = None,
             run_config: dict | None = None, resources: dict | None = None, tags: dict | None = None,
             raise_on_error: bool = True, skip_checks: tuple[str, ...] = (),
-            log_level: str | None = None) -> dg.ExecuteInProcessResult:
-    """Execute the code location's job `name` in this process (assets: a subset of its selection, default all of
-    it), as a run this process owns: a crash of an earlier one does not block it, and a wait on a pool slot is
-    announced (pipeline/recovery.py). The run is recorded under the job's name with its asset selection.
-    skip_checks: asset checks (by name) left out of this run. log_level: the console's (default WARNING).
-    The run carries the code location's repository tag, so the UI lists it on its job's page; an in-process run has no
-    code-location origin, so the Overview timeline still leaves it out (docs/operations.md)."""
-    job = with_resources({"store": store, **(resources or {})}, skip_checks).resolve_job_def(name)
-    keys = [dg.AssetKey(a) for a in assets] if assets else sorted(job.asset_layer.executable_asset_keys)
+            log_level: str | None = None) -> dg.JobExecutionResult:
+    """Run the code location's job `name` (assets: a subset of its selection, default all of it) as a run of that
+    location, executed in this process; a run this process owns: a crash of an earlier one does not block it, and a
+    wait on a pool slot is announced (pipeline/recovery.py). store / resources: their config goes into the run's
+    config. skip_checks: asset checks (by name) left out of this run. log_level: the console's (default WARNING).
+    The run carries the code location's origin and repository tag, as a run launched from the UI does."""
+    job = job_named(name)
+    keys = frozenset(dg.AssetKey(a) for a in assets) if assets else frozenset(job.asset_layer.executable_asset_keys)
+    checks = frozenset(k for k in job.asset_layer.asset_graph.asset_check_keys
+                       if k.asset_key in keys and k.name not in skip_checks)
+    config = quiet({**(run_config or {}), "execution": {"config": {"in_process": {}}},
+                    "resources": {n: {"config": resource_config(r)} for n, r in {"store": store, **(resources or {})}.items()}},
+                   log_level)
     with owned_run(inst, store.root) as owner:
-        tags = {REPOSITORY_TAG: REPOSITORY_LABEL, "splavu/entry": "cli", **owner, **(tags or {})}
-        return job.execute_in_process(run_config=quiet(run_config, log_level), instance=inst, partition_key=partition_key,
-                                      asset_selection=keys, tags=tags, raise_on_error=raise_on_error)
+        tags = {REPOSITORY_TAG: REPOSITORY_LABEL, "splavu/entry": "cli", **owner, **(tags or {}),
+                **({"dagster/partition": partition_key} if partition_key else {})}
+        return execute(inst, name, config, tags, keys, checks, raise_on_error)
 
 
-def with_resources(resources: dict, skip_checks: tuple[str, ...] = ()) -> dg.Definitions:
-    """The code location with some resources replaced (this command's store, encoder), and without the asset checks
-    named in skip_checks. A resolved job's assets carry the location's resources, which execute_in_process(resources=)
-    may not replace; and its asset selection brings back every check of the selected assets, so a check is left out
-    by leaving it out of the location."""
-    checks = [c for c in defs.asset_checks if not any(k.name in skip_checks for k in c.check_keys)]
-    return dg.Definitions(assets=defs.assets, asset_checks=checks, jobs=defs.jobs, sensors=defs.sensors,
-                          schedules=defs.schedules, resources={**defs.resources, **resources}, executor=defs.executor)
+def resource_config(resource: dg.ConfigurableResource) -> dict:
+    """A resource's fields as run config (resources.<name>.config), unset optional ones left out."""
+    return {k: getattr(resource, k) for k in type(resource).model_fields if getattr(resource, k) is not None}
 
 
-def metadata(res: dg.ExecuteInProcessResult, node: str) -> dict:
+def metadata(res: dg.JobExecutionResult, node: str) -> dict:
     """The values of the metadata of `node`'s first materialization in a run."""
     return {k: v.value for k, v in res.asset_materializations_for_node(node)[0].metadata.items()}
 
 
 def materialize_shard(inst, shard: str, store: StoreResource, encoder: EncoderResource,
-                      selection=("video_manifest", "clip_latents", "static_latents")) -> dg.ExecuteInProcessResult:
+                      selection=("video_manifest", "clip_latents", "static_latents")) -> dg.JobExecutionResult:
     # the store's registration is the truth: an instance that never saw this shard's `ingest` (another
     # $DAGSTER_HOME, a wiped one) learns the partition here instead of failing with DagsterUnknownPartitionError
     _add_shards(inst, [shard])
     return run_job(inst, "extract_latents", store, assets=selection, partition_key=shard, resources={"encoder": encoder})
 
 
-def train_aam(inst, store: StoreResource, config: dict | None = None) -> dg.ExecuteInProcessResult:
+def train_aam(inst, store: StoreResource, config: dict | None = None) -> dg.JobExecutionResult:
     return run_job(inst, "train_aam", store, run_config={"ops": {"aam_model": {"config": dict(config or {})}}})
 
 
@@ -187,13 +189,40 @@ def run_reanonymize(inst: dg.DagsterInstance, store: StoreResource, version: str
 
 
 def run_forget(inst: dg.DagsterInstance, store: StoreResource, request_id: str) -> dict:
-    """The `forget` job on one journaled request; returns the erasure_request asset's metadata values."""
-    res = run_job(inst, "forget", store, run_config={"ops": {"erasure_request": {"config": {"request_id": request_id}}}})
-    return metadata(res, "erasure_request")
+    """The `forget` job on one journaled request (erase, then the refit it calls for). Returns {asset: its metadata
+    values} for what the run materialized: erasure_request, erasure_refit, and what the refit reported as aam_model,
+    feature_catalog and anonymized_features ({shard: values}); plus "error": (expected, one line) when it failed
+    (expected: an error of the request or the store, which the asset reported as a Failure; else a bug)."""
+    res = run_job(inst, "forget", store, run_config={"ops": {"erasure": {"config": {"request_id": request_id}}}},
+                  raise_on_error=False)
+    out: dict = {}
+    for m in res.asset_materializations_for_node("erasure"):
+        values = {k: v.value for k, v in m.metadata.items()}
+        if m.partition:
+            out.setdefault(m.asset_key.to_user_string(), {})[m.partition] = values
+        else:
+            out[m.asset_key.to_user_string()] = values
+    if not res.success:
+        out["error"] = run_failure(res)
+    return out
+
+
+def run_failure(res: dg.JobExecutionResult) -> tuple[bool, str]:
+    """(expected, one line) of a failed run: a dg.Failure's description (expected), else what was raised first."""
+    for ev in res.get_step_failure_events():
+        data = ev.step_failure_data
+        if data.user_failure_data is not None and data.user_failure_data.description:
+            return True, data.user_failure_data.description
+        err = data.error
+        while err is not None and err.cause is not None:
+            err = err.cause
+        if err is not None:
+            return False, f"{err.cls_name}: {err.message.strip().splitlines()[0] if err.message.strip() else ''}"
+    return False, f"run {res.run_id} failed"
 
 
 def run_evaluation(store, config: dict | None = None, instance: dg.DagsterInstance | None = None,
-                   raise_on_error: bool = True) -> dg.ExecuteInProcessResult:
+                   raise_on_error: bool = True) -> dg.JobExecutionResult:
     """The `evaluate` job in-process: every *_eval asset, privacy_utility_report and its utility_retention check.
     store: FeatureStore, StoreResource or root path; config: EvalConfig fields applied to every eval asset (e.g.
     {"aam_version": ...}). The report is then at <root>/reports/privacy_utility.{json,md,png}."""

@@ -18,6 +18,12 @@ Every step is recorded in the journal (erasure/journal/<request>.json) before th
 idempotent, so a request killed at any point is completed by running it again. The receipt goes to the append-only
 erasure log (erasure.py). The journal names the videos (the rerun needs them); it is deleted once the check passes.
 
+Then, when the current version was fitted on the videos, `refit`: the same fit again on what is left, published to
+every shard through both gates (promoted only if it passes), every file read back again, the outcome appended to the
+receipt. `forget` runs both halves in order; the `forget` Dagster job (assets/forget.py) is a thin layer over it, and
+`splavu forget` launches that job. The steps that fit and publish are passed in (the job passes the aam_model and
+anonymized_features assets' own code), so this module stays below Dagster.
+
 Vectors are compared by direction (cosine > 1 - VECTOR_TOL), so row-normalised copies (neighbour indexes) count too.
 """
 from __future__ import annotations
@@ -25,8 +31,10 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import json
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import time
@@ -61,6 +69,10 @@ TEXT_SUFFIXES = (".json", ".md", ".csv", ".txt", ".html", ".log")
 
 class ForgetError(StoreError):
     """A bad erasure request (unknown id or subject, no reason); nothing was changed."""
+
+
+class RefitError(StoreError):
+    """The erasure is complete and checked, but the refit after it failed (recorded in the receipt)."""
 
 
 # ---------------------------------------------------------------- what a request names
@@ -187,15 +199,39 @@ def _refit_config(store: FeatureStore, version: str) -> dict:
 
 # ---------------------------------------------------------------- running it
 
-def run_request(store: FeatureStore, request_id: str, log=print) -> dict:
-    """Complete the journaled request (idempotent); returns the summary (receipt rows, check, refit needed)."""
+def request_for(store: FeatureStore, videos=(), subjects=(), reason: str = "", keep_fitted: bool = False,
+                scope: str = "") -> tuple[str | None, dict]:
+    """The request that erasing `videos` / `subjects` (by id, as the `forget` job's config names them) completes: a
+    request in progress that names all of them (the same erasure launched again after a killed run), else a new one
+    (resolved, journaled, tombstoned: open_request). Returns (request id, or None when every video named was erased
+    already; {"already": ids erased before, "files": the videos' own files, which are the user's to delete})."""
+    if not (videos or subjects):
+        raise ForgetError("name what to erase: video ids or subject ids")
+    for rid in pending_requests(store):
+        j = store.files.read_json(_journal_key(rid))
+        if set(videos) <= set(j["videos"]) and set(subjects) <= set(j["subjects"]):
+            return rid, {"already": [], "files": []}
+    targets, already = resolve(store, list(videos), list(subjects))
+    if not targets:
+        return None, {"already": already, "files": []}
+    journal = open_request(store, targets, reason, subjects=list(subjects), keep_fitted=keep_fitted,
+                           scope=scope or ", ".join(x for x in ("video" if videos else "", "subject" if subjects else "")
+                                                    if x))
+    return journal["request_id"], {"already": already,
+                                   "files": sorted({f for t in targets.values() for f in t["files"]})}
+
+
+def run_request(store: FeatureStore, request_id: str, log=print, former: list[np.ndarray] | None = None) -> dict:
+    """Complete the journaled request (idempotent); returns the summary (receipt rows, check, refit needed).
+    former: the videos' vectors, when the caller read them already (former_vectors)."""
     try:
         journal = store.files.read_json(_journal_key(request_id))
     except FileNotFoundError:
         raise ForgetError(f"no erasure request {request_id!r} in progress in {store.root}") from None
     ids, needles, shards, _ = request_targets(store, request_id)
     erasure.add_tombstones(store, ids, request_id)  # again: a run killed right after journaling had not yet
-    former = former_vectors(store, ids, shards)
+    if former is None:
+        former = former_vectors(store, ids, shards)
     done = journal["done"]
     receipt = journal["receipt"]
 
@@ -220,7 +256,8 @@ def run_request(store: FeatureStore, request_id: str, log=print) -> dict:
     check = verify(store, needles, former, skip=(_journal_key(request_id),))
     summary = {"request_id": request_id, "videos": len(ids), "receipt": receipt, "check": check,
                "refit_config": journal["refit_config"], "current_before": journal["current_before"],
-               "fitted_versions": journal["fitted_versions"], "keep_fitted": journal["keep_fitted"]}
+               "fitted_versions": journal["fitted_versions"], "keep_fitted": journal["keep_fitted"],
+               "reason": journal["reason"]}
     if not check["clean"]:
         log(f"erasure request {request_id}: check FAILED: {check_line(check)}; the journal is kept: run again")
         return summary
@@ -243,6 +280,9 @@ def _handle_fitted(store: FeatureStore, journal: dict) -> list[dict]:
         return [{"layer": "aam_version", "item": v, "note": "fitted on erased videos; kept by override "
                  "(--keep-fitted-versions), rows removed"} for v in fitted]
     retire_versions(store, fitted, f"fitted on videos erased by request {rid}: retired")
+    # un-named before deleted: the catalog without them first (no version current now, or the one kept), so that
+    # analysts querying meanwhile read an empty current table with its reason, not a view over vanished files
+    build_catalog(store, leaving=fitted)
     rows = []
     for v in fitted:
         keys = [anonymized_key(v), f"aam/{v}", f"reports/gates/{v}.json"]
@@ -552,6 +592,62 @@ def record_refit(store: FeatureStore, request_id: str, reason: str, version: str
     erasure.append_log(store, request_id, "refit", reason, [
         {"layer": "refit", "item": version or "", "note": f"{'current' if current else 'NOT current'}: {why}"},
         {"layer": "request", "item": "check after refit", "note": check_line(check)}])
+
+
+def refit(store: FeatureStore, summary: dict, needles, former: list[np.ndarray], train, publish, log=print) -> dict:
+    """The second half of an erasure, after run_request: when the current version was fitted on the erased videos,
+    fit it again with its own training config on what is left (`train(config) -> version`), publish that version to
+    every shard (`publish(version)`: promotion is the two gates' decision), read every file back again (the ids and
+    the videos' former vectors) and append the outcome to the receipt.
+
+    Returns {"needed": False} when no refit is called for, else {"needed", "version", "current", "why", "check",
+    "published"} (published: what `publish` returned). Raises RefitError when fitting or publishing failed (the erasure
+    itself is complete and checked; the receipt says so), ForgetError when the check after the refit finds anything."""
+    rid, reason, config = summary["request_id"], summary["reason"], summary["refit_config"]
+    if config is None:
+        return {"needed": False}
+    log("refitting the adapter without them (it was the current version and was fitted on them)")
+    try:
+        version = train(config)
+        published = publish(version)
+    except Exception as e:
+        why = _one_line(e)
+        record_refit(store, rid, reason, None, False, f"refit failed: {why}", verify(store, needles, former))
+        state = "the kept version stays current" if summary["keep_fitted"] else "no version is current"
+        raise RefitError(f"the erasure is complete and checked, but the refit failed ({why}); {state}: refit by hand "
+                         f"with `splavu train --config {shlex.quote(json.dumps(config))}` and `splavu publish` (or the "
+                         f"train_aam and reanonymize jobs)") from e
+    current = current_version(store) == version
+    why = "passed both gates" if current else (refused_versions(store).get(version, {}).get("why") or "not promoted")
+    check = verify(store, needles, former)
+    record_refit(store, rid, reason, version, current, why, check)
+    if not check["clean"]:
+        raise ForgetError(f"erasure request {rid}: check after the refit failed: {check_line(check)}")
+    return {"needed": True, "version": version, "current": current, "why": why, "check": check, "published": published}
+
+
+def not_current_line(version: str, why: str, keep_fitted: bool) -> str:
+    """What analysts are served when the refit did not become current."""
+    return (f"AAM {version} is NOT current ({why}); the version fitted on the erased videos is "
+            f"{'kept and filtered' if keep_fitted else 'retired'}, so {'it' if keep_fitted else 'no version'} serves "
+            f"analysts until one passes: no query returns the erased rows")
+
+
+def forget(store: FeatureStore, request_id: str, train, publish, log=print):
+    """A journaled request end to end, as a generator of its two halves: yields ("erased", run_request's summary)
+    once the videos are erased, checked and the receipt written, then, if that check was clean, ("refit", refit's
+    outcome). The `forget` job reports each half as it comes (the erasure stands even if the refit fails)."""
+    ids, needles, shards, _ = request_targets(store, request_id)
+    former = former_vectors(store, ids, shards)  # also for the check after the refit: the erasure removes them
+    summary = run_request(store, request_id, log=log, former=former)
+    yield "erased", summary
+    if summary["check"]["clean"]:
+        yield "refit", refit(store, summary, needles, former, train, publish, log=log)
+
+
+def _one_line(e: BaseException) -> str:
+    text = getattr(e, "description", None) or str(e) or type(e).__name__
+    return "; ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
 
 def fitted_summary(summary: dict) -> str:

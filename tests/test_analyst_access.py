@@ -172,3 +172,104 @@ def test_no_private_label_through_a_symbolic_link(catalog, capsys, tmp_path, mon
                 f"SELECT * FROM read_parquet('{tmp_path}/.tmp/ar-000.parquet')", f"SELECT * FROM read_parquet('{victim}')"]:
         rc, out, err = cli(capsys, "--store", str(root), "sql", sql, "--format", "json")
         assert rc == 2 and "read-only" in err and "attr_" not in out, (sql, out, err)
+
+
+# ---------------------------------------------------------------- a store that moves (issue 47, item 4)
+
+def test_a_moved_store_answers_analysts_from_its_new_folder(catalog, capsys, tmp_path):
+    """A store moved (or restored from a backup) to another folder serves `splavu sql` and `splavu neighbors` with the
+    catalog it carries: the views name their files relative to the store root, and nothing reads the old folder."""
+    from splavu_core.serve.neighbors import write_index
+    from splavu_core.store.feature_store import FeatureStore
+
+    write_index(catalog, ledger.current_version(catalog))
+    sql = ("SELECT (SELECT count(*) FROM clips) AS clips, (SELECT count(*) FROM videos) AS videos, "
+           "(SELECT count(*) FROM anonymized_features) AS anon, (SELECT count(*) FROM anonymized_features_all) AS every")
+    rc, before, err = cli(capsys, "--store", str(catalog.root), "sql", sql, "--format", "json")
+    assert rc == 0, err
+    moved = tmp_path / "elsewhere" / "restored-store"
+    moved.parent.mkdir()
+    catalog.root.rename(moved)  # the old folder is gone: a view naming it could not read
+    rc, after, err = cli(capsys, "--store", str(moved), "sql", sql, "--format", "json")
+    assert rc == 0 and err == "" and json.loads(after) == json.loads(before) and json.loads(after)[0]["anon"] == 30
+    video = analyst.query(FeatureStore(moved), "SELECT video_id FROM anonymized_features LIMIT 1")["video_id"][0].as_py()
+    rc, out, err = cli(capsys, "--store", str(moved), "neighbors", video, "--k", "3", "--format", "json")
+    assert rc == 0 and len(json.loads(out)) == 3, err
+    # the analysts' limits hold in the new folder too
+    rc, _, err = cli(capsys, "--store", str(moved), "sql", f"SELECT * FROM read_parquet('{moved}/labels/*.parquet')")
+    assert rc == 2 and "read-only" in err
+
+
+def test_a_copied_store_reads_its_own_files_not_the_originals(catalog, capsys, tmp_path):
+    """A copy beside the original (a backup restored next to it): the copy's catalog names the original's files, yet
+    analysts of the copy read the copy. Here the copy lost a shard's table: its answer says so, the original's not."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(catalog.root, copy)
+    import pyarrow.parquet as pq
+
+    part = copy / "anonymized" / ledger.current_version(catalog) / "tad-000.parquet"
+    pq.write_table(pq.read_table(part).slice(0, 0), part)  # the copy's tad-000 table lost its rows
+    sql = "SELECT count(*) AS n FROM anonymized_features"
+    rc, out, err = cli(capsys, "--store", str(copy), "sql", sql, "--format", "json")
+    assert rc == 0 and json.loads(out) == [{"n": 24}], err  # not the original's 30
+    rc, out, err = cli(capsys, "--store", str(catalog.root), "sql", sql, "--format", "json")
+    assert rc == 0 and json.loads(out) == [{"n": 30}], err
+
+
+def test_a_catalog_naming_files_outside_the_store_says_so_and_not_that_the_query_is_wrong(catalog, capsys):
+    """A view over a file outside the store (a catalog written by hand, or a copied one whose folder cannot be told):
+    the error is the store's (rebuild the catalog), one line, not the analyst's ("read-only")."""
+    import duckdb
+
+    outside = catalog.root.parent / "elsewhere.parquet"
+    outside.write_bytes((catalog.root / "storage.parquet").read_bytes())
+    con = duckdb.connect(str(cat.catalog_path(catalog)))
+    con.sql(f"CREATE VIEW extra AS SELECT * FROM read_parquet('{outside}')")
+    con.close()
+    rc, out, err = cli(capsys, "--store", str(catalog.root), "sql", "SELECT count(*) FROM videos")
+    assert rc == 2 and err.count("\n") == 1 and "read-only" not in err, err
+    assert "outside the store" in err and f"splavu --store {catalog.root} publish" in err
+    assert "nothing is wrong with the query" in err
+    cat.build_catalog(catalog)  # what the message says: rebuilt, it answers
+    rc, out, err = cli(capsys, "--store", str(catalog.root), "sql", "SELECT count(*) AS n FROM videos", "--format", "json")
+    assert rc == 0 and json.loads(out) == [{"n": 10}], err
+
+
+# ---------------------------------------------------------------- the store changing under a query (issue 47, item 5)
+
+def test_a_file_that_vanishes_under_a_query_is_retried_once_on_the_new_catalog(catalog, monkeypatch):
+    """A writer that deletes a version's table rebuilds the catalog without it first; a reader still on the old
+    catalog meets the vanished file, and its one retry, on the rebuilt catalog, answers."""
+    import pyarrow.parquet as pq
+
+    version = ledger.current_version(catalog)
+    part = catalog.root / "anonymized" / version / "tad-000.parquet"
+    moved_aside = pq.read_table(part)
+    part.unlink()  # the store changed; the catalog still names the file
+    rebuilt = []
+
+    def pause(seconds):  # what happens meanwhile: the file is back (a re-publish) and the catalog rebuilt
+        pq.write_table(moved_aside, part)
+        rebuilt.append(cat.build_catalog(catalog))
+
+    monkeypatch.setattr(analyst.time, "sleep", pause)
+    before = dict(analyst.RETRIED)
+    got = analyst.query(catalog, "SELECT count(*) AS n FROM anonymized_features_all")
+    assert got["n"][0].as_py() == 30 and rebuilt
+    assert sum(analyst.RETRIED.values()) == sum(before.values()) + 1
+
+
+@pytest.mark.parametrize("view", ["anonymized_features", "anonymized_features_all"])
+def test_a_store_that_keeps_changing_says_so_in_one_line(catalog, capsys, monkeypatch, view):
+    """Nothing rebuilds the catalog after a table went away (a glob view, and a view listing its files by name,
+    which DuckDB then reads as a folder): after the one retry, one line that blames the store, not the query."""
+    version = ledger.current_version(catalog)
+    for p in (catalog.root / "anonymized" / version).glob("*.parquet"):
+        p.unlink()
+    monkeypatch.setattr(analyst, "RETRY_PAUSE_S", 0.0)
+    rc, out, err = cli(capsys, "--store", str(catalog.root), "sql", f"SELECT count(*) FROM {view}")
+    assert rc == 2 and err.count("\n") == 1, err
+    assert "the store changed while this query ran" in err and "nothing is wrong with the query" in err
+    assert "read-only" not in err and "IO Error" not in err and "Permission Error" not in err

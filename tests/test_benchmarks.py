@@ -169,6 +169,20 @@ def test_probe_stability(store_copy):
     assert out["tasks"]["ar"]["ci_low"] <= out["tasks"]["ar"]["value"] <= out["tasks"]["ar"]["ci_high"]
 
 
+def test_concurrency(tiny_store):
+    """Readers querying while a version is published, promoted and a training subject forgotten (the refit
+    included): at 2 readers for about a second each, no raw error, no half-published version, nothing stale or
+    erased after an operation returned. About a minute: three real operations, two of them through both gates."""
+    out = run_bench("concurrency", "--store", tiny_store, "--readers", 2, "--seconds", 1, "--pause", 0.05, timeout=400)
+    assert list(out["operations"]) == ["reanonymize", "promote", "forget"]
+    for name, op in out["operations"].items():
+        assert sum(op["queries"].values()) > 0 and op["version_after"], name
+        assert op["errors"]["raw"] == 0 and op["multiline_errors"] == 0, (name, op["raw_examples"])
+        for key in ("half_published", "mixed_versions", "stale_after", "erased_seen_after"):
+            assert op[key] == 0, (name, key, op)
+    assert out["operations"]["forget"]["version_after"] not in (out["operations"]["forget"]["version_before"], None)
+
+
 def test_every_benchmark_has_a_smoke_test():
     """A new script in benchmarks/ needs its test here (dask_workers: tests/test_cluster.py, it starts a cluster;
     forget: tests/test_forget.py, beside the erasure it measures)."""

@@ -191,6 +191,40 @@ def test_forget_subject_leaves_no_byte_of_them_and_refits(env, capsys):
     assert {r["step"] for r in log} == {"erase", "refit"} and any(r["item"] == env.v1 for r in log)
 
 
+def test_forget_a_training_subject_through_the_job_as_the_ui_launches_it(env):
+    """The `forget` job as the UI's Launchpad launches it: the code location's job with the subject and a reason in its
+    config (no request opened beforehand, no CLI). It ends as `splavu forget` does: erased, the version fitted on them
+    retired, a refit through both gates made current, a check after it and the receipt of both steps."""
+    from pipeline import runner
+
+    rows = manifest_rows(env.feature_store)
+    subject = next(r["subject_id"] for r in rows if r["video_id"].startswith("ar_") and r["split"] == "train")
+    ids = {r["video_id"] for r in rows if r.get("subject_id") == subject}
+    vectors = vectors_of(env.feature_store, ids)
+    before = current_version(env.feature_store)
+    res = runner.run_job(env.inst, "forget", env.store, run_config={"ops": {"erasure": {"config": {
+        "subjects": [subject], "reason": "consent withdrawn"}}}})
+    assert res.success
+    run = env.inst.get_run_by_id(res.run_id)
+    assert run.remote_job_origin.repository_origin.get_label() == runner.REPOSITORY_LABEL
+    mats = {}
+    for m in res.asset_materializations_for_node("erasure"):
+        mats.setdefault(m.asset_key.to_user_string(), []).append({k: v.value for k, v in m.metadata.items()})
+    assert {"erasure_request", "erasure_refit", "aam_model", "anonymized_features", "feature_catalog"} <= set(mats)
+    (erased,), (refit,) = mats["erasure_request"], mats["erasure_refit"]
+    assert erased["videos"] == len(ids) and "none holds any of the" in erased["check"]
+    assert refit["refit"] == "done" and refit["current"] and "none holds any of the" in refit["check"]
+    assert all(g["passed"] for g in refit["gates"].values())
+    after = current_version(env.feature_store)
+    assert after == refit["version"] == mats["aam_model"][0]["version"] and after != before
+    assert before in retired_versions(env.feature_store)
+    assert scan(local_files(env.root), ids | {subject}, vectors) == []
+    log = [r for r in erasure.read_log(env.feature_store).to_pylist() if r["request_id"] == erased["request_id"]]
+    assert {r["step"] for r in log} == {"erase", "refit"}
+    assert any(r["layer"] == "refit" and r["item"] == after and r["note"].startswith("current") for r in log)
+    assert not fg.pending_requests(env.feature_store)
+
+
 def test_tombstone_keeps_them_out_of_reextraction_and_ingest(env, capsys, tiny_bench, tiny_videomae):
     import pyarrow.csv as pcsv
 

@@ -119,3 +119,30 @@ def test_approximate_mode_probing_every_list_is_exact(store):
     assert small["ivf_lists"] is None and nn.Index.open(store, version).ivf is None
     with pytest.raises(nn.NeighborsError, match="no approximate index"):
         nn.neighbors(store, "ar-000_v1", k=5, version=version, mode="approximate")
+
+
+def test_a_search_the_store_changed_under_is_retried_once(store, monkeypatch, capsys):
+    """`splavu neighbors` while the version's index is swapped (or its tables retired): searched once more from the
+    ledger; a store that keeps changing is said in one line, not a FileNotFoundError."""
+    from pipeline.cli import main
+
+    version = publish(store, make_adapter(store), ["ar-000", "ar-001", "tad-000"])
+    cat.build_catalog(store)
+    nn.write_index(store, version)
+    real_open, calls = nn.Index.open, []
+
+    def open_once_swapped(s, v):
+        calls.append(v)
+        if len(calls) == 1:
+            raise FileNotFoundError(f"{nn.index_dir(s, v)}/features.npy")
+        return real_open(s, v)
+
+    monkeypatch.setattr(nn.Index, "open", staticmethod(open_once_swapped))
+    monkeypatch.setattr(nn.time, "sleep", lambda s: None)
+    got = nn.search(store, "ar-000_v1", k=3)
+    assert got.num_rows == 3 and calls == [version, version]
+
+    monkeypatch.setattr(nn.Index, "open", staticmethod(lambda s, v: (_ for _ in ()).throw(FileNotFoundError("gone"))))
+    rc = main(["--store", str(store.root), "neighbors", "ar-000_v1", "--k", "3"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "the store changed while this search ran" in err, err

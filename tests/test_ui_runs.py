@@ -1,5 +1,6 @@
 """The Dagster UI lists the CLI's runs: a real `dagster-webserver` on this repository's workspace.yaml and a
-throwaway $DAGSTER_HOME, asked over GraphQL what the UI asks for a job's Runs tab."""
+throwaway $DAGSTER_HOME, asked over GraphQL what the UI asks for a job's Runs tab and for the Overview timeline (which
+draws only runs with a code-location origin), and for every asset group's description."""
 import json
 import os
 import shutil
@@ -21,6 +22,14 @@ REPO = Path(__file__).resolve().parents[1]
 JOB_RUNS = """query($s: PipelineSelector!) { pipelineOrError(params: $s) {
   __typename ... on Pipeline { runs { runId } } } }"""
 RUNS = """query($f: RunsFilter) { runsOrError(filter: $f) { ... on Runs { results { runId } } } }"""
+# the Overview timeline's own fragment (RunTimelineFragment): it places a run by its repository origin
+TIMELINE = """query($f: RunsFilter!) { runsOrError(filter: $f) { ... on Runs { results { runId pipelineName
+  repositoryOrigin { repositoryName repositoryLocationName } } } } }"""
+GROUPS = """query($r: RepositorySelector!) { repositoryOrError(repositorySelector: $r) { __typename ... on Repository {
+  assetGroups { groupName } assetNodes { groupName assetKey { path }
+  metadataEntries { label ... on TextMetadataEntry { text } } } } } }"""
+REEXECUTE = """mutation($p: ReexecutionParams!) { launchPipelineReexecution(reexecutionParams: $p) { __typename
+  ... on PythonError { message } } }"""
 LOCATIONS = """{ workspaceOrError { ... on Workspace { locationEntries { name
   locationOrLoadError { __typename ... on RepositoryLocation { repositories { name } } } } } } }"""
 
@@ -77,8 +86,11 @@ def test_the_label_is_the_workspaces_location():
     assert REPOSITORY_LABEL.split("@")[1] == module.get("location_name", module["module_name"])
 
 
-def test_a_cli_run_is_listed_on_its_jobs_page(tmp_path, monkeypatch):
+def test_a_cli_run_is_the_locations_run_and_every_group_is_described(tmp_path, monkeypatch):
+    from assets.groups import GROUPS as DESCRIBED
+    from assets.groups import METADATA_KEY
     from pipeline import runner
+    from pipeline.definitions import defs
 
     home = tmp_path / "dagster_home"
     home.mkdir()
@@ -87,9 +99,10 @@ def test_a_cli_run_is_listed_on_its_jobs_page(tmp_path, monkeypatch):
     inst = runner.instance()
     store = runner.StoreResource(root=str(tmp_path / "store"))
     cli_run = runner.run_job(inst, "refresh_catalog", store).run_id  # what every `splavu` command runs through
-    # the same job executed in-process without the tag, as the CLI did before: the UI's job page leaves it out
-    bare = runner.with_resources({"store": store}).resolve_job_def("refresh_catalog").execute_in_process(
-        instance=inst).run_id
+    # the same job executed in-process without the tag and the origin, as the CLI did before: the UI's job page and
+    # the Overview timeline leave it out
+    bare = defs.resolve_job_def("refresh_catalog").execute_in_process(
+        instance=inst, run_config={"resources": {"store": {"config": {"root": store.root}}}}).run_id
     inst.dispose()
 
     port = free_port()
@@ -110,5 +123,21 @@ def test_a_cli_run_is_listed_on_its_jobs_page(tmp_path, monkeypatch):
         assert [r["runId"] for r in feed["runsOrError"]["results"]] == [cli_run]
         everything = graphql(port, RUNS)["runsOrError"]["results"]  # the global Runs page has both
         assert {r["runId"] for r in everything} == {cli_run, bare}
+        # (a) the Overview timeline: the CLI's run has this location's repository origin, the bare one none
+        origins = {r["runId"]: r["repositoryOrigin"] for r in
+                   graphql(port, TIMELINE, {"f": {"statuses": ["SUCCESS"]}})["runsOrError"]["results"]}
+        assert origins[cli_run] == {"repositoryName": repo, "repositoryLocationName": location}
+        assert origins[bare] is None
+        # and the UI's Re-execute -> All steps finds the CLI run's job through that origin (queued: no daemon here)
+        again = graphql(port, REEXECUTE, {"p": {"parentRunId": cli_run, "strategy": "ALL_STEPS"}})
+        assert again["launchPipelineReexecution"]["__typename"] == "LaunchRunSuccess", again
+        # (b) every asset group the UI lists has a description, on every asset of the group
+        found = graphql(port, GROUPS, {"r": {"repositoryLocationName": location, "repositoryName": repo}})
+        found = found["repositoryOrError"]
+        groups = {g["groupName"] for g in found["assetGroups"]}
+        assert groups == set(DESCRIBED)
+        for node in found["assetNodes"]:
+            text = {e["label"]: e.get("text") for e in node["metadataEntries"]}.get(METADATA_KEY)
+            assert text == DESCRIBED[node["groupName"]] and len(text) > 40, node["assetKey"]
     finally:
         stop(proc)

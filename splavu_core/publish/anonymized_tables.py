@@ -252,6 +252,13 @@ def published_shards(store: FeatureStore, version: str) -> set[str]:
 
 
 
+def retention_victims(store: FeatureStore, keep: int) -> list[str]:
+    """The versions apply_retention(store, keep) would delete tables of now (the caller un-names them first)."""
+    rows = sorted(read_versions(store).to_pylist(), key=lambda r: r["created_at"], reverse=True)
+    kept = {r["version"] for r in rows[:keep]} | {r["version"] for r in rows if r["is_current"]}
+    return [r["version"] for r in rows if r["version"] not in kept and store.files.isdir(anonymized_key(r["version"]))]
+
+
 def apply_retention(store: FeatureStore, keep: int) -> dict:
     """Delete anonymized/<version>/ of all recorded versions but the newest `keep` (by created_at)
     and the current one. Folders of versions not in aam_versions (e.g. a publication in progress)

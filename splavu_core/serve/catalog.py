@@ -28,6 +28,14 @@ alike (DuckDB applies the same path check to a registered fsspec filesystem).
 Rebuilds write a new file and os.replace it over catalog.duckdb: an analyst holding a read-only
 connection keeps reading the old file, and a crash mid-build leaves the old catalog in place.
 
+The views name the store's files by absolute path (plain `duckdb` on the file reads them from anywhere). A store
+copied, moved or restored from a backup into another folder keeps a catalog naming the old folder's files: the
+analysts' connection (analyst.py) sees that the catalog was built for another root and recreates its views in
+memory over the store's own files (nothing is written; the next rebuild writes the new paths).
+Files are deleted only once no view names them (before deleting a version's tables, its writer rebuilds the catalog
+without them: `build_catalog(leaving=...)`), so a reader on the new catalog never meets a vanished file; a reader
+still on the old one is retried once on the new one (analyst.py).
+
 Object-store roots (s3://..., see storefs.py): DuckDB cannot open a database file on an object store,
 so catalog.duckdb lives in a local cache folder, `$SPLAVU_CATALOG_DIR/<store>/catalog.duckdb`
 (default `~/.cache/splavu/catalogs/`), built the same way; storage.parquet stays in the store. Its views
@@ -234,7 +242,7 @@ def _feature_dim(store: FeatureStore, version: str | None) -> int | None:
     return None
 
 
-def _anonymized_views(con, store: FeatureStore, version: str | None, dim: int | None) -> dict:
+def _anonymized_views(con, store: FeatureStore, version: str | None, dim: int | None, leaving=()) -> dict:
     feat = f"feature::FLOAT[{dim}]" if dim else "feature"
     shard = SHARD_FROM_FILE
     select = (f"SELECT {_dataset_sql(shard)} AS dataset, {shard} AS shard, * EXCLUDE (filename) "
@@ -244,7 +252,8 @@ def _anonymized_views(con, store: FeatureStore, version: str | None, dim: int | 
     empty = _empty_select(schema, ("dataset", "shard"))
     current = f"{anonymized_key(version)}/*.parquet" if version else None  # None: no current version yet
     n_cur = _parquet_view(con, "anonymized_features", store, current, select, empty)
-    approved = [k for v in approved_versions(store) for k in store.files.match(f"{anonymized_key(v)}/*.parquet")]
+    approved = [k for v in approved_versions(store) if v not in leaving
+                for k in store.files.match(f"{anonymized_key(v)}/*.parquet")]
     n_all = _parquet_view(con, "anonymized_features_all", store, approved, select, empty)
     return {"anonymized_features": n_cur, "anonymized_features_all": n_all}
 
@@ -257,7 +266,7 @@ def _shard_files(store: FeatureStore, name: str) -> str | list[str]:
     return [key for s in store.committed_shards() if (key := store.shard_file(s, name))]
 
 
-def _create_views(con, store: FeatureStore, version: str | None, dim: int | None) -> dict:
+def _create_views(con, store: FeatureStore, version: str | None, dim: int | None, leaving=()) -> dict:
     files = {}
     s = SHARD_FROM_FILE
     # attr_*, subject_id and group are private (evaluation only, store.is_private_column): never in an analyst's view
@@ -276,7 +285,7 @@ def _create_views(con, store: FeatureStore, version: str | None, dim: int | None
         con, "quarantine", store, _shard_files(store, "quarantine.parquet"),
         f"SELECT {_dataset_sql(s)} AS dataset, * EXCLUDE (filename) FROM {{src}}",
         _empty_select(QUARANTINE_SCHEMA, ("dataset",)))
-    files.update(_anonymized_views(con, store, version, dim))
+    files.update(_anonymized_views(con, store, version, dim, leaving))
     for name, sub, schema in (("metrics", "metrics", METRICS_SCHEMA), ("runs", "runs", RUNS_SCHEMA)):
         files[name] = _parquet_view(con, name, store, f"{sub}/*.parquet",
                                     "SELECT * EXCLUDE (filename) FROM {src}", _empty_select(schema))
@@ -310,10 +319,11 @@ def _remove_stale_temps(root: Path) -> None:
             pass
 
 
-def build_catalog(store: FeatureStore) -> dict:
+def build_catalog(store: FeatureStore, leaving=()) -> dict:
     """(Re)build <root>/catalog.duckdb; idempotent. Returns {path, version, dim, files, rows, seconds}
     (files and rows per view). A view that does not read (e.g. a corrupted Parquet file) raises
-    CatalogError naming it and leaves the old catalog in place."""
+    CatalogError naming it and leaves the old catalog in place. leaving: versions whose tables are about to be
+    deleted (retention, an erasure): no view names them (the current version's is never left out)."""
     t0 = time.perf_counter()
     if not store.files.isdir(""):
         raise CatalogError(f"no store at {store.root.resolve() if store.local else store.root}")
@@ -332,7 +342,7 @@ def build_catalog(store: FeatureStore) -> dict:
         con = duckdb.connect(str(tmp))
         try:
             store.files.register_duckdb(con)
-            files = _create_views(con, store, version, dim)
+            files = _create_views(con, store, version, dim, set(leaving) - {version})
             rows = {view: con.sql(f"SELECT count(*) FROM {view}").fetchall()[0][0] for view in files}
             con.sql("CHECKPOINT")
         finally:

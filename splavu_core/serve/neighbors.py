@@ -34,6 +34,7 @@ import os
 import shutil
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +57,7 @@ from splavu_core.store.ledger import (
     refused_versions,
 )
 
+RETRIED = Counter()  # searches this process retried, by what it met (benchmarks/concurrency.py)
 BLOCK = 1 << 18        # rows per matrix-vector product of the exact search (1 MB of scores a block)
 RERANK = 128           # candidates the approximate search re-scores exactly
 MODES = ("auto", "exact", "approximate")
@@ -150,15 +152,18 @@ def write_index(store: FeatureStore, version: str, approximate: bool | None = No
 
             ivf = build_ivf(arrays["features"], nlist)
             faiss.write_index(ivf, str(tmp / "ivf.faiss"))
-        meta = {"version": version, "shards": rows, "rows": table.num_rows, "dim": int(arrays["features"].shape[1]),
+        meta = {"version": version, "build": uuid.uuid4().hex, "shards": rows, "rows": table.num_rows,
+                "dim": int(arrays["features"].shape[1]),
                 "ivf_lists": ivf.nlist if ivf is not None else None,
                 "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         (tmp / "index.json").write_text(json.dumps(meta, indent=1) + "\n")
+        old = None
         if final.exists():  # open memory maps of the old files stay valid after the unlink
             old = final.parent / f".old-{version}-{uuid.uuid4().hex[:8]}"
             os.replace(final, old)
+        os.replace(tmp, final)  # the folder is missing only between these two renames (Index.open retries)
+        if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-        os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {**meta, "path": str(final), "seconds": time.perf_counter() - t0}
@@ -188,12 +193,20 @@ def refresh_indexes(store: FeatureStore) -> dict:
     return {"written": written, "pruned": prune_indexes(store)}
 
 
-def index_is_fresh(store: FeatureStore, version: str) -> bool:
+def _index_meta(d: Path) -> dict | None:
     try:
-        meta = json.loads((index_dir(store, version) / "index.json").read_text())
+        return json.loads((d / "index.json").read_text())
     except (FileNotFoundError, json.JSONDecodeError):
-        return False
-    return meta.get("shards") == _shard_files(store, version)
+        return None
+
+
+class _Rebuilt(Exception):
+    """The index was rewritten while it was being read."""
+
+
+def index_is_fresh(store: FeatureStore, version: str) -> bool:
+    meta = _index_meta(index_dir(store, version))
+    return meta is not None and meta.get("shards") == _shard_files(store, version)
 
 
 # ---------------------------------------------------------------- searching
@@ -229,18 +242,37 @@ class Index:
 
     @classmethod
     def open(cls, store: FeatureStore, version: str) -> "Index":
-        d = index_dir(store, version)
-        if index_is_fresh(store, version):
-            ivf = None
-            if (d / "ivf.faiss").is_file():
-                import faiss  # see build_ivf
-
-                ivf = faiss.read_index(str(d / "ivf.faiss"))
-            return cls(version=version, features=np.load(d / "features.npy", mmap_mode="r"),
-                       norms=np.load(d / "norms.npy"), id_hash=np.load(d / "id_hash.npy"),
-                       ids=pa.ipc.open_file(pa.memory_map(str(d / "ids.arrow"))).read_all(), from_index=True, ivf=ivf)
+        """The version's index when it is up to date, else its rows read from the Parquet tables. An index rewritten
+        while it is read (write_index swaps the folder) is read again: every file of one build, or none."""
+        for _ in range(3):
+            try:
+                index = cls._read_index(store, version)
+            except (FileNotFoundError, _Rebuilt):
+                time.sleep(0.05)
+                continue
+            if index is not None:
+                return index
+            break
         table, _ = _read_version(store, version)
         return cls(version=version, ids=_ids(table), from_index=False, **_arrays(table))
+
+    @classmethod
+    def _read_index(cls, store: FeatureStore, version: str) -> "Index | None":
+        d = index_dir(store, version)
+        meta = _index_meta(d)
+        if meta is None or meta.get("shards") != _shard_files(store, version):
+            return None
+        ivf = None
+        if (d / "ivf.faiss").is_file():
+            import faiss  # see build_ivf
+
+            ivf = faiss.read_index(str(d / "ivf.faiss"))
+        index = cls(version=version, features=np.load(d / "features.npy", mmap_mode="r"),
+                    norms=np.load(d / "norms.npy"), id_hash=np.load(d / "id_hash.npy"),
+                    ids=pa.ipc.open_file(pa.memory_map(str(d / "ids.arrow"))).read_all(), from_index=True, ivf=ivf)
+        if _index_meta(d) != meta or len(index.features) != index.ids.num_rows:
+            raise _Rebuilt(version)
+        return index
 
     @property
     def dim(self) -> int:
@@ -324,6 +356,47 @@ def neighbors(store: FeatureStore, video_id: str, k: int = 10, reduce: str = "me
     ids = index.ids.take(pa.array(rows, pa.int64()))
     return pa.table({"video_id": ids["video_id"], "clip_index": ids["clip_index"], "split": ids["split"],
                      "similarity": pa.array(sims.astype(np.float64)), "dataset": ids["dataset"]})
+
+
+def search(store: FeatureStore, video_id: str, k: int = 10, reduce: str = "mean", dataset: str | None = None,
+           version: str | None = None, mode: str = "auto", nprobe: int = 8, note=lambda message: None) -> pa.Table:
+    """`splavu neighbors`: neighbors() on `version` (default: the current one) through its index, note(message) when
+    its Parquet tables have to be read instead. A version retired, re-published or switched while the search ran
+    (its tables or index gone or replaced, the current version another) is searched again once, from the ledger;
+    if the store changes again meanwhile, one line says so (StoreChangedError)."""
+    for attempt in (0, 1):
+        used = version or current_version(store)
+        try:
+            index = None
+            if used in read_versions(store)["version"].to_pylist():  # else neighbors() explains what is missing
+                refuse_if_refused(store, used)
+                index = Index.open(store, used)
+                if not index.from_index:
+                    note(f"AAM version {used} has no up-to-date neighbour index, so its Parquet tables were read "
+                         f"instead (slow); `splavu publish --version {used}` writes it")
+            return neighbors(store, video_id, k=k, reduce=reduce, dataset=dataset, version=used, index=index,
+                             mode=mode, nprobe=nprobe)
+        except (FileNotFoundError, NeighborsError) as e:
+            changed = isinstance(e, FileNotFoundError) or (version is None and current_version(store) != used)
+            if not changed:
+                raise
+            if attempt == 0:
+                RETRIED[type(e).__name__] += 1
+                time.sleep(0.1)
+                continue
+            raise StoreChangedError(
+                f"the store changed while this search ran, and again when it was retried (AAM version {used}: "
+                f"{_first_line(e)}). A version being published, promoted or retired, or an erasure, rewrites its "
+                f"tables and index; nothing is wrong with the request: run it again in a moment") from e
+
+
+class StoreChangedError(NeighborsError):
+    """The version's files changed under a search, twice."""
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 # ---------------------------------------------------------------- explaining an empty answer
