@@ -85,7 +85,7 @@ def appearance_directions(data, fit) -> np.ndarray:
 
 
 def members_of(inp, tasks, k, codebooks, ranks, seed=0, pool_all=False, quantiles=(), clip_codebooks=(),
-               temperatures=(1.0,), strengths=(1.0,), gate_mults=(1.0,)):
+               temperatures=(1.0,), strengths=(1.0,), gate_mults=(1.0,), appfree_ranks=()):
     from sklearn.cluster import KMeans
 
     d = inp.data
@@ -128,6 +128,15 @@ def members_of(inp, tasks, k, codebooks, ranks, seed=0, pool_all=False, quantile
                     for a in strengths:
                         out[f"clipwise {c} q{qt:g}" + (f" t{t:g}" if t != 1 else "") + (f" a{a:g}" if a != 1 else "")
                             + (f" g{g:g}" if g != 1 else "")] = lambda f, m=clipwise_map(cf, t, a): m(keep(f))
+    for r in appfree_ranks:  # cluster clips on what is not appearance: the top-r label-free appearance directions out
+        c = n_centroids(d, tasks, inp.cfg)
+        u = dirs[:, :r]
+        lab = KMeans(c, n_init=4, random_state=seed).fit_predict(pc - (pc @ u) @ u.T).astype(str)
+        cf0 = fit_recentre(pc, lab, inp.cfg.recentre_quantile)
+        for g in gate_mults:
+            cf = dataclasses.replace(cf0, gate=np.asarray(cf0.gate * g, np.float32))
+            out[f"clipwise {c} appfree {r}" + (f" g{g:g}" if g != 1 else "")] = \
+                lambda f, m=clipwise_map(cf): m(keep(f))
     return out, info
 
 
@@ -150,6 +159,8 @@ def main():
                     help="clipwise members: the share of the way each video is moved (0: keep alone; 1: the stage)")
     ap.add_argument("--gate-mults", type=float, nargs="*", default=[1.0],
                     help="clipwise members: the gate (distance past which a clip is moved less) times these (1e9: none)")
+    ap.add_argument("--appfree-ranks", type=int, nargs="*", default=[],
+                    help="clipwise members clustered with the top-r label-free appearance directions projected out")
     ap.add_argument("--quantiles", type=float, nargs="*", default=[], help="codebooks' gate quantiles beside the config's")
     ap.add_argument("--members", nargs="*", help="only these member names (default: all)")
     ap.add_argument("--pca", action="store_true", help="score the same-width PCA beside")
@@ -163,7 +174,7 @@ def main():
         maps, info = members_of(inp, tasks, args.k, args.codebooks, args.ranks, pool_all=args.pool_all,
                                 quantiles=args.quantiles, clip_codebooks=args.clip_codebooks,
                                 temperatures=args.temperatures, strengths=args.strengths,
-                                gate_mults=args.gate_mults)
+                                gate_mults=args.gate_mults, appfree_ranks=args.appfree_ranks)
         maps = {n: f for n, f in maps.items() if not args.members or n in args.members}
         print(json.dumps({"fit": list(tasks), **info}), flush=True)
         for name, fn in maps.items():
