@@ -73,17 +73,23 @@ def cmap(y_true, scores) -> float:
     return float(ap.mean())
 
 
-def resample_counts(idx: np.ndarray, n: int) -> np.ndarray:
-    """(B, n) row indices drawn with replacement -> (B, n) how many times each row was drawn."""
-    B = len(idx)
-    return np.bincount((idx + n * np.arange(B)[:, None]).ravel(), minlength=B * n).reshape(B, n)
+def resample_counts(idx, n: int) -> np.ndarray:
+    """Resampled row indices, (B, n) drawn with replacement or B index arrays of any lengths (a bootstrap over
+    people: evaluation.stats.bootstrap_indices) -> (B, n) how many times each row was drawn."""
+    if isinstance(idx, np.ndarray) and idx.ndim == 2:
+        B = len(idx)
+        return np.bincount((idx + n * np.arange(B)[:, None]).ravel(), minlength=B * n).reshape(B, n)
+    if getattr(idx, "counts", None) is not None and idx.counts.shape[1] == n:   # stats.PeopleResamples
+        return idx.counts
+    return np.stack([np.bincount(np.asarray(row, np.int64), minlength=n) for row in idx]) if len(idx) else \
+        np.zeros((0, n), np.int64)
 
 
 def cmap_resamples(y_true: np.ndarray, scores: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """cMAP of each resample of the rows: idx (B, n) row indices -> (B,), NaN where a resampled column has one
+    """cMAP of each resample of the rows: idx, B rows of row indices (resample_counts) -> (B,), NaN where a resampled column has one
     class (where `cmap` raises). Equals [cmap(y_true[i], scores[i]) for i in idx] up to float rounding (~1e-16)."""
     y_true, scores = _as_2d(y_true, scores)
-    return _ap_weighted(y_true, scores, resample_counts(np.asarray(idx), len(y_true))).mean(axis=-1)
+    return _ap_weighted(y_true, scores, resample_counts(idx, len(y_true))).mean(axis=-1)
 
 
 def chance_cmap(y_true) -> float:
