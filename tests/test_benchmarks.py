@@ -169,6 +169,15 @@ def test_probe_stability(store_copy):
     assert out["tasks"]["ar"]["ci_low"] <= out["tasks"]["ar"]["value"] <= out["tasks"]["ar"]["ci_high"]
 
 
+def test_metric_speed():
+    out = run_bench("metric_speed", "--videos", 40, "--attributes", 2, "--boot", 10, "--frames", 20, "--repeats", 1,
+                    "--fit-scale", 0.05)
+    for k in ("cmap_resamples", "macro_f1_resamples", "auc_resamples", "auc_one_set"):
+        assert out[k]["splavu_s"] > 0 and out[k]["sklearn_over_splavu"] > 0
+    assert set(out["fit_logistic"]) == {"ar", "tad", "ad"}
+    assert all(f["max_abs_prob_diff"] < 1e-2 for f in out["fit_logistic"].values())  # the same optimum
+
+
 def test_every_benchmark_has_a_smoke_test():
     """A new script in benchmarks/ needs its test here (dask_workers: tests/test_cluster.py, it starts a cluster;
     forget: tests/test_forget.py, beside the erasure it measures)."""

@@ -108,7 +108,13 @@ def _sel(n: int, idx):
 def fit_logistic(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, n_classes: int, l2: float, seed: int,
                  max_iter: int = 300, binary: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Weighted (multinomial or binary) logistic regression with L2 on the weights, full-batch L-BFGS from a
-    seed-dependent random start. Returns (W (D, C or 1), b)."""
+    seed-dependent random start. Returns (W (D, C or 1), b).
+
+    The objective is sklearn's LogisticRegression(C=1/l2) with sample weights w / w.sum(), and both reach the same
+    optimum (probabilities within 2e-4: tests/test_metric_references.py). It is not here for speed:
+    benchmarks/metric_speed.py timed sklearn's lbfgs as fast at the AR probe's size and faster at TAD's and AD's
+    (1.4x, 1.6x; one thread). It stays because the probes' figures (docs/results.md) were fitted with it and a
+    switch moves them at the solver's tolerance; the random start is moot for a convex problem."""
     g = torch.Generator().manual_seed(seed)
     C = 1 if binary else n_classes
     W = (torch.randn(x.shape[1], C, generator=g, dtype=torch.float64) * 0.01).requires_grad_()
@@ -251,14 +257,17 @@ def ad_scored(scores: list[list[np.ndarray]], fl: list[np.ndarray], test: Videos
                   clusters=subject_clusters(test))
 
 
-def auc_resamples(y: np.ndarray, s: np.ndarray, video_of: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """_auc of every resample of the videos at once: idx (B, n) video indices -> (B,), NaN where a resample lacks a
-    class. A resample weights each frame by its video's draw count, so frames are ranked once: the Mann-Whitney sum
-    over tie groups of the sorted scores (ties count half), as _auc on the concatenated resampled videos."""
+def auc_resamples(y: np.ndarray, s: np.ndarray, video_of: np.ndarray, idx) -> np.ndarray:
+    """_auc of every resample of the videos at once: idx, B rows of video indices (stats.bootstrap_indices: videos or
+    people) -> (B,), NaN where a resample lacks a class. A resample weights each frame by its video's draw count,
+    so frames are ranked once: the Mann-Whitney sum over tie groups of the sorted scores (ties count half), as _auc
+    on the concatenated resampled videos, and sklearn's roc_auc_score with those sample weights
+    (tests/test_metric_references.py). By hand for speed: 19x a roc_auc_score per resample at the demo's AD size
+    (benchmarks/metric_speed.py)."""
     order = np.argsort(s, kind="mergesort")
     ss, yy, vv = s[order], y[order].astype(bool), video_of[order]
     starts = np.r_[0, np.flatnonzero(np.diff(ss)) + 1]                          # tie groups of the sorted scores
-    counts = np.stack([np.bincount(row, minlength=int(video_of.max()) + 1) for row in idx]).astype(np.float64)
+    counts = resample_counts(idx, int(video_of.max()) + 1).astype(np.float64)
     w = counts[:, vv]                                                            # (B, N) frame weights
     pos = np.add.reduceat(np.where(yy, w, 0.0), starts, axis=1)                  # (B, G)
     neg = np.add.reduceat(np.where(yy, 0.0, w), starts, axis=1)
@@ -269,7 +278,10 @@ def auc_resamples(y: np.ndarray, s: np.ndarray, video_of: np.ndarray, idx: np.nd
 
 
 def _auc(y: np.ndarray, s: np.ndarray) -> float:
-    """ROC AUC with ties counted half (Mann-Whitney), raises ValueError when one class is absent."""
+    """ROC AUC with ties counted half (Mann-Whitney), raises ValueError when one class is absent (sklearn's
+    roc_auc_score warns and returns NaN there); equal to roc_auc_score otherwise (tests/test_metric_references.py).
+    By hand for speed: 7x roc_auc_score on the demo's AD test frames (benchmarks/metric_speed.py), and the
+    bootstrap's metric(seed, idx) calls it where auc_resamples does not apply."""
     n1 = int(y.sum())
     n0 = len(y) - n1
     if n1 == 0 or n0 == 0:
@@ -421,8 +433,9 @@ def _macro_f1(y: np.ndarray, probs: np.ndarray, threshold: float = 0.5) -> float
     """Macro-F1 over attributes at `threshold`: the mean over attributes of each one's positive-class F1, 0 where an
     attribute has neither a positive nor a positive prediction. sklearn's f1_score(average='macro', zero_division=0)
     on the (N, A) indicators (for one attribute, its average='binary': sklearn reads an (N, 1) indicator as one binary
-    target and would average both classes' F1), in numpy: the bootstrap scores every resample
-    (_macro_f1_resamples)."""
+    target and would average both classes' F1), in numpy; tests/test_metric_references.py checks it. By hand for
+    the bootstrap, which scores every resample (_macro_f1_resamples): over 1000x an f1_score per resample at the
+    demo's size (benchmarks/metric_speed.py)."""
     return float(_macro_f1_rows(y, probs, threshold))
 
 
