@@ -40,13 +40,15 @@ def main():
         t1 = time.perf_counter()
         m = HEAD[task]
         vals = [sc.metrics[m](s, None) for s in range(sc.n_seeds)]
-        st = stats.interval(sc.metrics[m], sc.n_seeds, sc.n_test)
+        st = stats.interval(sc.metrics[m], sc.n_seeds, sc.n_test, sc.n_boot, same=sc.same_outputs,
+                            clusters=sc.clusters, bounded=True)  # as scoring.scored_rows: people resampled
         print(f"{task:8s} seeds {np.round(vals, 4).tolist()} mean {st['value']:.4f} sd {st['sd']:.4f} "
               f"95% CI [{st['ci_low']:.4f}, {st['ci_high']:.4f}] chance {sc.chance[m]} "
               f"[fit {t1 - t0:.1f} s, interval {time.perf_counter() - t1:.1f} s]", flush=True)
         result["tasks"][task] = {"metric": m, "per_seed": [float(v) for v in vals], "sd": st["sd"], "value": st["value"],
                                  "ci_low": st["ci_low"], "ci_high": st["ci_high"], "chance": sc.chance[m],
-                                 "fit_s": round(t1 - t0, 2)}
+                                 "fit_s": round(t1 - t0, 2), "n_test": sc.n_test,
+                                 "people": None if sc.clusters is None else len(set(sc.clusters.tolist()))}
     print(json.dumps(result))  # the lines above, as one JSON object
 
 

@@ -54,8 +54,9 @@ def test_extract(tiny_bench, tiny_videomae):
                     "--rounds", 2)
     assert set(out["clips_per_s"]) == {"bare_forward", "bare_forward_workers", "decode_only", "encoder_only",
                                        "end_to_end", "naive"}
-    assert 0 < out["decode_inclusive_ceiling_clips_per_s"] < min(out["clips_per_s"]["bare_forward_workers"],
-                                                                  out["clips_per_s"]["decode_only"])
+    rates = out["clips_per_s"]  # the ceiling: decode and forward sharing the cores perfectly (a harmonic sum)
+    assert out["decode_inclusive_ceiling_clips_per_s"] == pytest.approx(
+        1 / (1 / rates["bare_forward_workers"] + 1 / rates["decode_only"]), abs=0.2)  # rates rounded to 0.1
     assert out["clips"] > 0 and out["clips_end_to_end"] > out["clips"] and out["static_k"] == 2
     for k in ("ratio_end_to_end_vs_bare_forward", "ratio_end_to_end_vs_naive", "cpu_ratio_end_to_end_vs_bare_forward",
               "ratio_end_to_end_vs_decode_inclusive_ceiling"):
@@ -166,7 +167,17 @@ def test_reuse_sweep(store_copy):
 def test_probe_stability(store_copy):
     out = run_bench("probe_stability", "--store", store_copy, "--tasks", "ar", "--seeds", 2)
     assert list(out["tasks"]) == ["ar"] and len(out["tasks"]["ar"]["per_seed"]) == 2
-    assert out["tasks"]["ar"]["ci_low"] <= out["tasks"]["ar"]["value"] <= out["tasks"]["ar"]["ci_high"]
+    ar = out["tasks"]["ar"]  # the interval is the bootstrap's (convex probe: the seeds agree), over the test people
+    assert ar["ci_high"] - ar["ci_low"] > 0 and ar["sd"] < 1e-3 and ar["people"] and ar["people"] < ar["n_test"]
+
+
+def test_metric_speed():
+    out = run_bench("metric_speed", "--videos", 40, "--attributes", 2, "--boot", 10, "--frames", 20, "--repeats", 1,
+                    "--fit-scale", 0.05)
+    for k in ("cmap_resamples", "macro_f1_resamples", "auc_resamples", "auc_one_set"):
+        assert out[k]["splavu_s"] > 0 and out[k]["sklearn_over_splavu"] > 0
+    assert set(out["fit_logistic"]) == {"ar", "tad", "ad"}
+    assert all(f["max_abs_prob_diff"] < 1e-2 for f in out["fit_logistic"].values())  # the same optimum
 
 
 def test_concurrency(tiny_store):

@@ -232,20 +232,28 @@ def extracted(tiny_bench, tiny_videomae, instance, cluster, tmp_path_factory):
             """the multiprocess run's encoder step to report that it waits for the pool"""
             return [e for e in run_events(instance, "multiprocess", SHARDS[0])
                     if e.step_key == "extracted_latents" and f"blocked by limit for pool {POOL}" in (e.user_message or "")]
-        wait_for(blocked)
-        time.sleep(1.0)
-        started = [e for e in run_events(instance, "multiprocess", SHARDS[0])
-                   if e.step_key == "extracted_latents" and e.dagster_event_type == dg.DagsterEventType.STEP_START]
+        run_id = wait_for(blocked)[0].run_id
+        # the step asked the pool for its only slot and queues for it: pending there, holding none (read from the
+        # pool's own records, not inferred from a pause)
+        info = storage.get_concurrency_info(POOL)
+        queued = run_id in info.pending_run_ids and run_id not in info.active_run_ids
+        events_while_held = len(instance.all_logs(run_id))
     finally:
         storage.free_concurrency_slots_for_run("someone-else")
     mp_pids = mp.result()
+    log = instance.all_logs(run_id)  # in the order written: whatever came before the slot was freed comes first
+    starts = [i for i, e in enumerate(log)
+              if e.step_key == "extracted_latents" and e.dagster_event_type == dg.DagsterEventType.STEP_START]
     return {"roots": roots, "dask_pids": dask_pids, "mp_pids": mp_pids, "pool_limit": pool_limit,
-            "mp_started_while_held": started, "dask_secs": dask_secs}
+            "mp_queued_while_held": queued, "mp_started_while_held": [i for i in starts if i < events_while_held],
+            "mp_started_after": bool(starts) and min(starts) >= events_while_held, "dask_secs": dask_secs}
 
 
 def test_shipped_encoder_pool_limit_is_one_and_multiprocess_waits_for_it(extracted):
     assert extracted["pool_limit"] == 1  # dagster.yaml: concurrency.pools.default_limit
+    assert extracted["mp_queued_while_held"], "the multiprocess encoder step was not queued for the pool's slot"
     assert extracted["mp_started_while_held"] == [], "the multiprocess encoder step ran without a pool slot"
+    assert extracted["mp_started_after"], "the multiprocess encoder step did not start once the slot was free"
 
 
 def test_dask_ignores_the_encoder_pool_and_keeps_concurrent_runs_apart(extracted, cluster):

@@ -3,8 +3,6 @@
 The tiny benchmark with a tiny random encoder gives noisy numbers: these tests assert structure and
 hand-checkable relations, never quality.
 """
-import importlib
-import importlib.util
 import json
 import math
 import os
@@ -68,31 +66,6 @@ def published(trained, tmp_path_factory):
         anonymize_shard(store, shard, store.root / "aam" / version)
     set_current(store, version)
     return store.root, version
-
-
-def _stand_in_anonymized():
-    """anonymized_features as assets/anonymized.py defines it (publish the newest version's table of a shard)."""
-    from assets.partitions import shards
-    from assets.resources import StoreResource
-
-    @dg.asset(name="anonymized_features", partitions_def=shards, deps=["clip_latents"])
-    def anonymized_features(context: dg.AssetExecutionContext, store: StoreResource):
-        from splavu_core.publish.anonymized_tables import anonymize_shard
-
-        feature_store = store.store()
-        version = suite.newest_version(feature_store)
-        out = anonymize_shard(feature_store, context.partition_key, feature_store.root / "aam" / version)
-        return dg.MaterializeResult(metadata={"version": version, "rows": out["rows"]})
-
-    return anonymized_features
-
-
-def _stand_in_catalog():
-    @dg.asset(name="feature_catalog", deps=[dg.AssetKey("anonymized_features")])
-    def feature_catalog():
-        return dg.MaterializeResult(metadata={"updated": True})
-
-    return feature_catalog
 
 
 # ---------------------------------------------------------------- pure: rows, derived values, the Markdown
@@ -236,9 +209,16 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
     assert all("removed" in st for st in s["attackers"]["privacy"].values())
     assert set(suite.REPORT_KEYS) <= set(r) <= set(suite.REPORT_KEYS) | iv_keys
     assert set(s) - iv_keys == set(suite.REPORT_KEYS) | set(suite.DERIVED_KEYS)
-    for key in ("privacy_cmap", "ar_top1", "tad_map", "ad_auc", "gait_top1"):
+    for key, (task, metric) in {"privacy_cmap": ("privacy", "cmap"), "ar_top1": ("ar", "top1"), "tad_map": ("tad", "mAP"),
+                                "ad_auc": ("ad", "auc"), "gait_top1": ("gait", "top1")}.items():
         st = r["intervals"][key]
-        assert st["ci_low"] <= st["value"] <= st["ci_high"] and st["chance"] is not None and st["n_seeds"] >= 1
+        row = next(x for x in raw if x["task"] == task and x["metric"] == metric)
+        # the report quotes the interval scoring computed: wider than the seeds' spread alone (the bootstrap ran),
+        # except at a bound (a hit rate of 0 on the tiny gait set: every resample scores 0)
+        assert (st["ci_low"], st["ci_high"]) == pytest.approx((row["ci_low"], row["ci_high"]))
+        wider = st["ci_high"] - st["ci_low"] > 2 * 1.96 * row["sd"] / np.sqrt(row["n_seeds"])
+        assert wider == (0 < row["value"] < 1), (key, st, row["value"])
+        assert st["chance"] is not None and st["n_seeds"] >= 1
     assert r["intervals"]["ar_top1"]["n_seeds"] == 5 and r["intervals"]["gait_top1"]["n_seeds"] == 1
     assert r["privacy_cmap"] == raw_c and s["privacy_cmap"] == anon_c and s["ar_top1"] == v(anon, "ar", "top1")
     assert r["bias_f_gap"] == v(raw, "bias_f", "gap") and r["bias_m_gap"] is None  # bias_m: not in the store
@@ -338,9 +318,12 @@ def test_privacy_budget_blocks_the_catalog_update(trained, tmp_path, monkeypatch
 
     root, version = trained
     store = _copy(root, tmp_path / "store")
+    from assets.anonymized import anonymized_features
+    from assets.catalog import feature_catalog
+
     inst = dg.DagsterInstance.ephemeral()
     inst.add_dynamic_partitions(shards.name, store.committed_shards())
-    assets = [_stand_in_anonymized(), ev.privacy_budget, _stand_in_catalog()]
+    assets = [anonymized_features, ev.privacy_budget, feature_catalog]  # the real assets the gate stands between
     check_op = ev.privacy_budget.node_def.name
 
     def run(**config):
@@ -353,7 +336,10 @@ def test_privacy_budget_blocks_the_catalog_update(trained, tmp_path, monkeypatch
     assert check.passed is False and check.severity == dg.AssetCheckSeverity.ERROR
     md = check.metadata
     assert md["threshold"].value == 1.01 and md["aam_version"].value == version
-    assert {"closeup_leakage_removed", "clip_leakage_removed"} <= set(md) and md["weaker"].value in ("closeups", "clips")
+    assert "closeup_leakage_removed" in md and md["weaker"].value in ("closeups", "clips")
+    # the clip part reads 10 validation videos of 4 people: with the people resampled, raw's cMAP is not above
+    # chance beyond its interval there, and the check says so instead of quoting a share of nothing
+    assert "clip_leakage_removed" in md or "clips: no signal" in check.description
     assert md["features"].value == "in-memory"  # privacy-001 not yet published: the adapter is applied in memory
     assert md["leakage_removed"].value == pytest.approx(
         (md["raw_cmap"].value - md["anonymized_cmap"].value) / (md["raw_cmap"].value - md["chance_cmap"].value))
@@ -373,9 +359,11 @@ def test_privacy_budget_fails_closed_without_a_privacy_set(trained, tmp_path):
     from assets import evaluation as ev
     from assets.resources import StoreResource
 
+    from assets.anonymized import anonymized_features
+
     root, _ = trained
     store = _copy(root, tmp_path / "store")
-    res = dg.materialize([_stand_in_anonymized(), ev.privacy_budget], partition_key="ar-000",
+    res = dg.materialize([anonymized_features, ev.privacy_budget], partition_key="ar-000",
                          instance=_instance_with(store), raise_on_error=False,
                          resources={"store": StoreResource(root=str(store.root))},
                          run_config={"ops": {ev.privacy_budget.node_def.name: {"config": {"dataset": "nope", "threshold": -1}}}})
@@ -410,10 +398,12 @@ def test_ablation_partitions_write_rows_and_report(tiny_store, tmp_path):
     assert a["train_config"]["adapter"]["keep"] == 11 and a["train_config"]["adapter"]["recentre"]  # the default: keep + recentre
     assert a["row"]["name"] == "default" and set(suite.REPORT_KEYS) | set(suite.DERIVED_KEYS) <= set(a["row"])
     # scored with intervals (5 probe seeds + bootstrap), every change paired with raw
-    assert {r["n_seeds"] for r in a["metric_rows"] if r["task"] not in ("gait", "reid")} == {5} and all(
-        r["ci_low"] <= r["ci_high"] for r in a["metric_rows"] if r["value"] == r["value"])  # NaN: a ratio to raw at chance
+    assert {r["n_seeds"] for r in a["metric_rows"] if r["task"] not in ("gait", "reid")} == {5}
     assert {"delta_top1", "retention_top1"} <= {r["metric"] for r in a["metric_rows"] if r["task"] == "ar"}
-    assert a["row"]["intervals"]["ar_top1"]["ci_low"] <= a["row"]["ar_top1"] <= a["row"]["intervals"]["ar_top1"]["ci_high"]
+    top1 = next(r for r in a["metric_rows"] if (r["task"], r["metric"]) == ("ar", "top1"))
+    iv = a["row"]["intervals"]["ar_top1"]  # the row quotes the metric row's interval: the bootstrap's, not 0 wide
+    assert (iv["ci_low"], iv["ci_high"]) == pytest.approx((top1["ci_low"], top1["ci_high"]))
+    assert iv["ci_high"] - iv["ci_low"] > 0 and a["row"]["ar_top1"] == pytest.approx(top1["value"])
     assert a["seen_tasks"] == a["train_config"]["tasks"] and a["row"]["seen_tasks"] == a["seen_tasks"]
     assert [r["name"] for r in report["rows"]] == ["raw", "default", "tasks_all"]
     raw, row = report["rows"][0], report["rows"][1]
@@ -463,21 +453,13 @@ def test_variant_configs():
 # ---------------------------------------------------------------- every definition loads together
 
 def test_definitions_load():
-    from assets import aam, evaluation, latents, manifest
+    from assets import aam, anonymized, catalog, evaluation, latents, manifest
     from assets.resources import EncoderResource, StoreResource
     from pipeline import ablations
 
-    def real_or_stand_in(module, make):
-        if importlib.util.find_spec(f"assets.{module}") is None:
-            return [make()]
-        try:
-            return dg.load_assets_from_modules([importlib.import_module(f"assets.{module}")])
-        except ImportError:
-            return [make()]
-
-    extra = real_or_stand_in("anonymized", _stand_in_anonymized) + real_or_stand_in("catalog", _stand_in_catalog)
-    defs = dg.Definitions(
-        assets=[*dg.load_assets_from_modules([manifest, latents, aam, evaluation]), *extra, *ablations.ASSETS],
+    defs = dg.Definitions(  # the real modules: a broken assets/anonymized.py or catalog.py fails here
+        assets=[*dg.load_assets_from_modules([manifest, latents, aam, evaluation, anonymized, catalog]),
+                *ablations.ASSETS],
         asset_checks=dg.load_asset_checks_from_modules([evaluation]),
         jobs=[ablations.ablations_job],
         resources={"store": StoreResource(root="/nonexistent"), "encoder": EncoderResource()})
@@ -485,7 +467,8 @@ def test_definitions_load():
     graph = defs.resolve_asset_graph()
     keys = {k.to_user_string() for k in graph.get_all_asset_keys()}
     assert {"action_recognition_eval", "temporal_detection_eval", "anomaly_detection_eval", "privacy_attack_eval",
-            "bias_eval", "gait_eval", "privacy_utility_report", "ablation_variant", "ablation_report"} <= keys
+            "bias_eval", "gait_eval", "privacy_utility_report", "ablation_variant", "ablation_report",
+            "anonymized_features", "feature_catalog"} <= keys
     checks = {(c.asset_key.to_user_string(), c.name) for c in graph.asset_check_keys}
     assert checks >= {("anonymized_features", "privacy_budget"), ("privacy_utility_report", "utility_retention")}
     assert defs.resolve_job_def("ablations").partitions_def is ablations.ablation_variants

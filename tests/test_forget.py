@@ -363,14 +363,23 @@ def test_a_rewrite_and_a_publish_of_one_shard_take_turns(tmp_path):
     """The erasure's rewrite holds the shard's locks; a publish of that shard (anonymize_shard) waits for it, and then
     publishes what the rewrite left, not the rows it removed."""
     import threading
-    import time
 
     from test_publish_catalog import make_adapter, write_fake_shard
 
     s = FeatureStore(tmp_path / "store")
     write_fake_shard(s, "ar-000")
     adapter = make_adapter(s)
-    events = []
+    events, blocked = [], threading.Event()
+    real_lock = s.files.lock
+
+    def lock(name, on_wait=None):  # the local lock calls on_wait when it finds the lock held, then blocks on it
+        def waiting(msg):
+            if threading.current_thread() is not threading.main_thread():
+                blocked.set()
+            if on_wait:
+                on_wait(msg)
+        return real_lock(name, on_wait=waiting)
+    s.files.lock = lock
 
     def publish():
         events.append("publish started")
@@ -380,8 +389,8 @@ def test_a_rewrite_and_a_publish_of_one_shard_take_turns(tmp_path):
     with s.rewriting("ar-000") as commit:
         t = threading.Thread(target=publish)
         t.start()
-        time.sleep(1.0)
-        assert events == ["publish started"]  # waiting on the shard's lock
+        assert blocked.wait(60), "the publish never reached the shard's lock"
+        assert events == ["publish started"]  # waiting on the shard's lock, held by this rewrite
         d = s.read_shard("ar-000")
         keep = pa.array([v != "ar-000_v1" for v in d.index["video_id"].to_pylist()])
         commit(type(d)(d.clips[np.asarray(keep)], d.index.filter(keep), d.static, d.static_index, d.quarantine),

@@ -121,7 +121,23 @@ def test_interval_and_paired_difference_hand_checked():
     hits = np.array([1, 1, 0, 1, 0, 1, 1, 1, 0, 1], float)   # one seed, 10 test videos, top-1 = 0.7
     f = lambda s, idx: float(hits[np.arange(10) if idx is None else idx].mean())  # noqa: E731
     st = stats.interval(f, 1, 10)
-    assert st["value"] == pytest.approx(0.7) and st["sd"] == 0.0 and st["ci_low"] < 0.7 < st["ci_high"]
+    # the bootstrap of a mean of 10 draws is Binomial(10, 0.7) / 10, whose 2.5% and 97.5% points are 0.4 and 1.0:
+    # half-width 0.3, widened for 10 units by small_sample_factor(10) = 1.215 (200 resamples: within 1/10)
+    assert (st["ci_high"] - st["ci_low"]) / 2 == pytest.approx(0.3 * stats.small_sample_factor(10), abs=0.1)
+    many = np.tile(hits, 40)                                  # 400 videos: 1.96 sqrt(0.21 / 400) = 0.0449
+    h = lambda s, idx: float(many[np.arange(400) if idx is None else idx].mean())  # noqa: E731
+    wide = stats.interval(h, 1, 400)
+    assert (wide["ci_high"] - wide["ci_low"]) / 2 == pytest.approx(0.0449, rel=0.12)
+    # bounded: the half-width on the logit scale, so the interval leans away from the bound 1 it is near
+    b = stats.interval(h, 1, 400, bounded=True)
+    assert b["ci_high"] - 0.7 < 0.7 - b["ci_low"] and (b["ci_high"] - b["ci_low"]) / 2 == pytest.approx(0.0449, rel=0.12)
+    # ten videos of five people (two each): the bootstrap draws people; with a person's two videos alike the
+    # interval is wider than the videos' (5 independent units, not 10)
+    pairs = np.repeat([1, 1, 0, 1, 0], 2).astype(float)
+    g = lambda s, idx: float(pairs[np.arange(10) if idx is None else idx].mean())  # noqa: E731
+    by_people = stats.interval(g, 1, 10, clusters=stats.cluster_codes(np.repeat(np.arange(5), 2)))
+    by_videos = stats.interval(g, 1, 10)
+    assert by_people["ci_high"] - by_people["ci_low"] > 1.3 * (by_videos["ci_high"] - by_videos["ci_low"])
     d = stats.paired(f, f, 1, 10)   # the same set against itself: exactly no change, zero-width interval
     assert d["value"] == 0 and d["ci_low"] == 0 and d["ci_high"] == 0 and not stats.change_is_real(d)
     seeds = stats.summarise_values([0.70, 0.72, 0.71, 0.69, 0.73])
@@ -147,8 +163,15 @@ def test_seeds_option_sets_the_probe_seeds_and_rows_carry_intervals_and_chance()
     res = score_sets({"raw": {"ar": videos}}, ("ar",), {"ar": "ar"}, split="test", seeds=[7, 8, 9, 10, 11])
     top1 = next(r for r in res if r["metric"] == "top1")
     assert top1["n_seeds"] == 5 and top1["chance"] == pytest.approx(1 / 3)
-    assert top1["ci_low"] <= top1["value"] <= top1["ci_high"] and top1["sd"] < 0.01  # convex probe: seeds agree
-    assert top1["ci_low"] > top1["chance"]                                            # a real signal
+    assert top1["sd"] < 0.01 and top1["ci_low"] > top1["chance"]  # convex probe: seeds agree; a real signal
+    # the interval is the bootstrap over the 10 test PEOPLE (3 videos each), as stats computes it from the
+    # probe's per-video hits, not over the 30 videos
+    sc = res.scored["ar"]["raw"]
+    test = [v for v in videos if v.split == "test"]
+    assert sc.clusters is not None and len(set(sc.clusters)) == 10 and len(test) == 30
+    want = stats.interval(sc.metrics["top1"], 5, 30, same=sc.same_outputs, bounded=True,
+                          clusters=stats.cluster_codes(v.meta["subject_id"] for v in test))
+    assert (top1["ci_low"], top1["ci_high"]) == pytest.approx((max(0.0, want["ci_low"]), min(1.0, want["ci_high"])))
 
 
 def test_validation_split_is_carved_from_train_and_never_touches_test():
@@ -281,4 +304,5 @@ def test_score_features_scores_a_candidate_transform_on_validation(gated_store):
     assert d["ci_high"] < 0 and d["value"] == pytest.approx(cand["value"] - raw["value"])
     assert by[("candidate", "ar", "retention_top1")]["ci_low"] < 0.5
     lr = by[("candidate", "privacy", "leakage_removed")]
-    assert lr["ci_low"] <= lr["value"] <= lr["ci_high"] and lr["ci_high"] > 0.5  # consistent with removing it all (16 val videos)
+    # consistent with removing it all, on 16 carved validation videos: the interval holds 1 and is wide
+    assert lr["ci_low"] < 1.0 < lr["ci_high"] and lr["ci_high"] - lr["ci_low"] > 0.2

@@ -276,9 +276,13 @@ def test_heldout_classes_fit_never_sees_the_classes_it_is_probed_on(tiny_store, 
         assert unseen == set(inp.data.classes[m["fold"]::folds]) and tasks == ("ar",)
         assert not unseen & classes and not unseen & seen_actions  # the fit never read a held-out class
         value, lo, hi, chance = m["raw_top1"]
-        assert lo <= value <= hi and 0 < chance < 1 and set(m) >= {"k", "recentre", "fold", "unseen", "ar"}
+        assert 0 < chance < 1 and set(m) >= {"k", "recentre", "fold", "unseen", "ar"}
+        # raw's top-1 on the held-out classes' validation videos only: chance is 1 / their classes, and the
+        # interval is the bootstrap's over those few videos (convex probe: the seeds agree): it has a width unless
+        # the top-1 sits at a bound (every resample then scores the same)
+        assert chance == pytest.approx(1 / len(unseen)) and (hi - lo > 0) == (0 < value < 1), (value, lo, hi)
         ret = m["ar"]  # retention on the held-out classes; NaN only when raw is at chance on them (tiny encoder)
-        assert (ret[1] <= ret[0] <= ret[2]) or (np.isnan(ret[0]) and lo <= chance)
+        assert (ret[2] - ret[1] > 0) if not np.isnan(ret[0]) else lo <= chance
     assert {m["recentre"] for m in members} == {True, False}
 
 

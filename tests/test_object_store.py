@@ -157,16 +157,25 @@ def test_lease_serialises_read_modify_write(object_fs, monkeypatch):
     assert int(fs.read_bytes("counter")) == 15 and fs.listdir("_locks") == []
 
 
-def test_lease_of_a_dead_holder_expires_and_a_live_one_blocks(object_fs):
+def test_lease_of_a_dead_holder_expires_and_a_live_one_blocks(object_fs, monkeypatch):
+    import splavu_core.store.fs as store_fs
+
     fs = object_fs
     key = "_locks/t.json"
     fs.put_atomic(key, json.dumps({"owner": "dead:1", "expires": time.time() - 1}).encode())
-    t0 = time.monotonic()
-    with fs.lock("t"):  # taken over at once with an If-Match PUT
-        assert json.loads(fs.read_bytes(key))["owner"] != "dead:1"
+    waits, me, real_sleep = [], threading.get_ident(), store_fs.time.sleep
+
+    def sleep(s):  # the lease's back-off pauses, of this thread only (the S3 server's threads sleep too)
+        if threading.get_ident() == me:
+            waits.append(s)
+        real_sleep(s)
+    monkeypatch.setattr(store_fs.time, "sleep", sleep)
+    with fs.lock("t"):  # taken over at once with an If-Match PUT: no back-off, whatever the machine's speed
+        assert json.loads(fs.read_bytes(key))["owner"] != "dead:1" and waits == []
         with pytest.raises(StoreFSError, match="still held by"):
             Lease(fs, key, ttl_s=30, wait_s=0.3).acquire()
-    assert time.monotonic() - t0 < 5 and not fs.exists(key)
+        assert waits and sum(waits) < 1.5  # a live holder: backed off until its 0.3 s were spent, then refused
+    assert not fs.exists(key)
 
 
 def test_lease_lost_while_held_is_reported(object_fs):

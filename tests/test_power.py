@@ -31,6 +31,10 @@ def test_raw_at_chance_is_no_signal_and_says_passed_or_failed():
     assert ok and why.startswith("no signal: raw rank-1 0.4100 [0.3800, 0.4500] is not above chance") and ": passed" in why
     ok, why = ledger._verdict_one({**part, "anonymized_cmap_ci": [0.42, 0.5]}, 0.5)
     assert not ok and ": FAILED" in why
+    # a budget <= 0 turns the gate off, a part without signal too (it used to judge the anonymized features
+    # against chance there, so a few validation people refused a version with the gate off)
+    ok, why = ledger._verdict_one({**part, "anonymized_cmap_ci": [0.42, 0.5]}, -1)
+    assert ok and why == "privacy budget off (budget -1; linkage removed none measurable (no signal)): passed"
 
 
 def test_the_gate_line_says_undecidable(tmp_path, monkeypatch):

@@ -1,9 +1,12 @@
 """Publishing anonymized features through Dagster: the asset, the catalog asset, re-anonymization by
 declarative automation and the schedule, and the analysts' CLI (`splavu sql`, `splavu neighbors`).
 
-One store (a copy of the `tiny_store` fixture) is shared by the module and evolves test by test,
-in file order: AAM v1 published everywhere -> v2 rolled out by automation -> a gate failing and passing again
--> a new shard -> a rollback -> retention -> bad inputs. The encoder's loader is patched to raise for all of it."""
+One store (a copy of the `tiny_store` fixture) is shared by the module and evolves in stages: AAM v1 published
+everywhere (the `env` fixture) -> v2 rolled out by automation (`v2`) -> a new shard (`extra_shard`); the tests read
+or change it around those stages (a gate failing and passing again, a rollback, retention, bad inputs). A stage runs
+once per module, in the test that checks it or, when that test was not selected, in the first test that needs it:
+any test runs alone (`pytest -k`), and the whole file runs in file order as before. The encoder's loader is patched
+to raise for all of it."""
 import json
 import shutil
 import subprocess
@@ -138,7 +141,32 @@ def env(tiny_store, tiny_bench, tmp_path_factory):
         v1 = train_aam(inst, store)
         first = run_reanonymize(inst, store)  # every shard (one run each), then the catalog
         yield SimpleNamespace(root=root, inst=inst, store=store, feature_store=store.store(), v1=v1, first=first,
-                              bench=tiny_bench[0], tmp=tmp_path_factory, defs=local_defs(store), cursor=None)
+                              bench=tiny_bench[0], tmp=tmp_path_factory, defs=local_defs(store), cursor=None, stages={})
+
+
+def stage(env, name: str, run) -> SimpleNamespace:
+    """Stage `name` of the module store's story: run(env) once per module (in the test that checks it, or in the
+    first test that needs it when that one was not selected). A stage that failed fails every test that needs it
+    instead of running twice on a half-changed store."""
+    if name not in env.stages:
+        env.stages[name] = "failed"
+        run(env)
+        env.stages[name] = "done"
+    if env.stages[name] == "failed":
+        pytest.fail(f"stage {name!r} of the module store failed in an earlier test", pytrace=False)
+    return env
+
+
+@pytest.fixture
+def v2(env):
+    """The store after v2 was rolled out by automation (roll_out_v2): env.v2 current, the catalog on it."""
+    return stage(env, "v2 rolled out", roll_out_v2)
+
+
+@pytest.fixture
+def extra_shard(v2):
+    """The store after a new dataset's shard extra-000 landed and was published with v2 (publish_extra_shard)."""
+    return stage(v2, "extra shard published", publish_extra_shard)
 
 
 def test_every_shard_published_from_cached_latents_only(env):
@@ -247,6 +275,10 @@ def test_cli_sql_and_neighbors(env, capsys):
 
 
 def test_automation_rolls_out_a_new_version_then_rebuilds_the_catalog_once(env):
+    stage(env, "v2 rolled out", roll_out_v2)
+
+
+def roll_out_v2(env):
     store = env.feature_store
     for shard in registered_shards(store):  # tiny_store extracted them through another instance: record them here
         env.inst.report_runless_asset_event(dg.AssetMaterialization("clip_latents", partition=shard))
@@ -274,7 +306,8 @@ def test_automation_rolls_out_a_new_version_then_rebuilds_the_catalog_once(env):
     env.v2 = v2
 
 
-def test_automation_waits_while_a_blocking_gate_fails(env, monkeypatch):
+def test_automation_waits_while_a_blocking_gate_fails(v2, monkeypatch):
+    env = v2
     monkeypatch.setenv("SPLAVU_PRIVACY_BUDGET", "1.01")  # no adapter removes more than all leakage
     md = run_unpinned(env, "ar-000")  # nothing to write, but the gates judge v2 again: refused
     assert md["skipped"] is True and md["aam_version"] == env.v2
@@ -289,7 +322,11 @@ def test_automation_waits_while_a_blocking_gate_fails(env, monkeypatch):
     assert automation(env) == ([], 0)
 
 
-def test_automation_publishes_a_new_shard_once_its_latents_land(env):
+def test_automation_publishes_a_new_shard_once_its_latents_land(v2):
+    stage(v2, "extra shard published", publish_extra_shard)
+
+
+def publish_extra_shard(env):
     from splavu_core.ingest.datasets import register_dataset
 
     store = env.feature_store
@@ -306,7 +343,8 @@ def test_automation_publishes_a_new_shard_once_its_latents_land(env):
     assert shards_lacking(store, env.v2) == []
 
 
-def test_a_rollback_sticks(env):
+def test_a_rollback_sticks(extra_shard):
+    env = extra_shard
     store = env.feature_store
     ledger.set_current(store, env.v1)  # roll back by hand
     assert target_versions(store) == [env.v1]  # v2 was current once: it is not "being rolled out" again
@@ -317,7 +355,8 @@ def test_a_rollback_sticks(env):
     ledger.set_current(store, env.v2)
 
 
-def test_schedule_is_defined_stopped_and_requests_what_is_missing(env, monkeypatch):
+def test_schedule_is_defined_stopped_and_requests_what_is_missing(v2, monkeypatch):
+    env = v2
     assert reanonymize_schedule.name == "reanonymize_schedule" and reanonymize_schedule.job_name == "reanonymize"
     assert reanonymize_schedule.default_status == dg.DefaultScheduleStatus.STOPPED
     assert reanonymize_schedule.cron_schedule == "0 3 * * *"
@@ -334,7 +373,8 @@ def test_schedule_is_defined_stopped_and_requests_what_is_missing(env, monkeypat
     assert execute(env, reqs[0])["skipped"] is False and gone.is_file()
 
 
-def test_retention_keeps_the_newest_versions(env):
+def test_retention_keeps_the_newest_versions(v2):
+    env = v2
     store = env.feature_store
     req = dg.RunRequest(partition_key="ar-000", run_config={"ops": {"anonymized_features": {"config": {
         "aam_version": env.v2, "retention": 1}}}})
@@ -348,7 +388,8 @@ def _snapshot(store):
     return {p: p.read_bytes() for p in sorted((store.root / "anonymized").rglob("*.parquet"))}
 
 
-def test_missing_or_foreign_aam_is_a_clear_error_and_tables_stay_readable(env, tiny_store):
+def test_missing_or_foreign_aam_is_a_clear_error_and_tables_stay_readable(v2, tiny_store):
+    env = v2
     feature_store = env.feature_store
     before = _snapshot(feature_store)
 
@@ -400,7 +441,8 @@ print(json.dumps({"skipped": out["shards"][sys.argv[2]]["skipped"], "views": out
 """
 
 
-def test_publishing_never_imports_transformers(env):
+def test_publishing_never_imports_transformers(v2):
+    env = v2
     copy = env.tmp.mktemp("subproc") / "store"
     shutil.copytree(env.root, copy)
     (copy / "anonymized" / env.v2 / "gait-000.parquet").unlink()

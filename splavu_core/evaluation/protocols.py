@@ -43,6 +43,7 @@ from splavu_core.tasks.metrics import (
     cmap_resamples,
     frame_labels,
     frame_scores,
+    resample_counts,
     tad_map,
     tad_map_resamples,
     tad_tables,
@@ -82,6 +83,16 @@ class Scored:
     same_outputs: bool = False            # every seed gave the same test outputs (a convex probe): bootstrap once
     seed_only: tuple = ()                 # metrics whose interval is the seeds' alone (diagnostics: no bootstrap)
     n_boot: int = 200                     # bootstrap resamples of the test videos
+    clusters: np.ndarray | None = None    # (n_test,) the person of each bootstrap unit (subject_clusters): the
+    #                                       bootstrap resamples people; None: no person holds two units
+
+
+def subject_clusters(videos: Videos) -> np.ndarray | None:
+    """The person codes of the scored videos (meta subject_id; unknown: a person of its own) for the bootstrap
+    (stats.bootstrap_indices), or None when no person holds two of them. One person's videos are not independent
+    draws: resampling videos of 40 people as if they were 450 independent draws gave 95% intervals that held the
+    truth 48-80% of the time (tests/test_interval_coverage.py)."""
+    return stats.cluster_codes(v.meta.get("subject_id") for v in videos)
 
 
 def seeds_from(base_seed: int = 0, n_seeds: int = N_SEEDS) -> list[int]:
@@ -97,7 +108,13 @@ def _sel(n: int, idx):
 def fit_logistic(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, n_classes: int, l2: float, seed: int,
                  max_iter: int = 300, binary: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Weighted (multinomial or binary) logistic regression with L2 on the weights, full-batch L-BFGS from a
-    seed-dependent random start. Returns (W (D, C or 1), b)."""
+    seed-dependent random start. Returns (W (D, C or 1), b).
+
+    The objective is sklearn's LogisticRegression(C=1/l2) with sample weights w / w.sum(), and both reach the same
+    optimum (probabilities within 2e-4: tests/test_metric_references.py). It is not here for speed:
+    benchmarks/metric_speed.py timed sklearn's lbfgs as fast at the AR probe's size and faster at TAD's and AD's
+    (1.4x, 1.6x; one thread). It stays because the probes' figures (docs/results.md) were fitted with it and a
+    switch moves them at the solver's tolerance; the random start is moot for a convex problem."""
     g = torch.Generator().manual_seed(seed)
     C = 1 if binary else n_classes
     W = (torch.randn(x.shape[1], C, generator=g, dtype=torch.float64) * 0.01).requires_grad_()
@@ -171,7 +188,8 @@ def ar_scored(probs: np.ndarray, test: Videos, classes: Sequence[str]) -> Scored
     metrics = {"top1": top1, **{f"class_top1[{classes[c]}]": per_class(c) for c in sorted(set(true))}}
     chance = {k: 1.0 / len(classes) for k in metrics}
     return Scored("ar", metrics, chance, len(probs), n, [v.video_id for v in test],
-                  details={"classes": classes, "pred": pred, "true": true}, same_outputs=bool((pred == pred[0]).all()))
+                  details={"classes": classes, "pred": pred, "true": true}, same_outputs=bool((pred == pred[0]).all()),
+                  clusters=subject_clusters(test))
 
 
 def bias(train: Videos, test: Videos, seeds: Sequence[int] = seeds_from(), **kw) -> Scored:
@@ -197,7 +215,7 @@ def bias(train: Videos, test: Videos, seeds: Sequence[int] = seeds_from(), **kw)
     c = 1.0 / len(ar.details["classes"])
     chance = {"top1": c, **{f"acc_{g}": c for g in names}, "gap": None}
     return Scored("bias", metrics, chance, len(seeds), n, ar.test_ids, higher_is_better={"gap": False},
-                  same_outputs=ar.same_outputs)
+                  same_outputs=ar.same_outputs, clusters=ar.clusters)
 
 
 # ---------------------------------------------------------------- AD
@@ -235,17 +253,21 @@ def ad_scored(scores: list[list[np.ndarray]], fl: list[np.ndarray], test: Videos
     flat = [np.concatenate(sc) for sc in scores]
     same = all(np.allclose(flat[0], f, atol=1e-4) for f in flat[1:])
     fast = stats.with_resamples(auc, lambda s, idx: auc_resamples(y_all, flat[s], video_of, idx))
-    return Scored("ad", {"auc": fast}, {"auc": 0.5}, len(scores), n, [v.video_id for v in test], same_outputs=same)
+    return Scored("ad", {"auc": fast}, {"auc": 0.5}, len(scores), n, [v.video_id for v in test], same_outputs=same,
+                  clusters=subject_clusters(test))
 
 
-def auc_resamples(y: np.ndarray, s: np.ndarray, video_of: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """_auc of every resample of the videos at once: idx (B, n) video indices -> (B,), NaN where a resample lacks a
-    class. A resample weights each frame by its video's draw count, so frames are ranked once: the Mann-Whitney sum
-    over tie groups of the sorted scores (ties count half), as _auc on the concatenated resampled videos."""
+def auc_resamples(y: np.ndarray, s: np.ndarray, video_of: np.ndarray, idx) -> np.ndarray:
+    """_auc of every resample of the videos at once: idx, B rows of video indices (stats.bootstrap_indices: videos or
+    people) -> (B,), NaN where a resample lacks a class. A resample weights each frame by its video's draw count,
+    so frames are ranked once: the Mann-Whitney sum over tie groups of the sorted scores (ties count half), as _auc
+    on the concatenated resampled videos, and sklearn's roc_auc_score with those sample weights
+    (tests/test_metric_references.py). By hand for speed: 19x a roc_auc_score per resample at the demo's AD size
+    (benchmarks/metric_speed.py)."""
     order = np.argsort(s, kind="mergesort")
     ss, yy, vv = s[order], y[order].astype(bool), video_of[order]
     starts = np.r_[0, np.flatnonzero(np.diff(ss)) + 1]                          # tie groups of the sorted scores
-    counts = np.stack([np.bincount(row, minlength=int(video_of.max()) + 1) for row in idx]).astype(np.float64)
+    counts = resample_counts(idx, int(video_of.max()) + 1).astype(np.float64)
     w = counts[:, vv]                                                            # (B, N) frame weights
     pos = np.add.reduceat(np.where(yy, w, 0.0), starts, axis=1)                  # (B, G)
     neg = np.add.reduceat(np.where(yy, 0.0, w), starts, axis=1)
@@ -256,7 +278,10 @@ def auc_resamples(y: np.ndarray, s: np.ndarray, video_of: np.ndarray, idx: np.nd
 
 
 def _auc(y: np.ndarray, s: np.ndarray) -> float:
-    """ROC AUC with ties counted half (Mann-Whitney), raises ValueError when one class is absent."""
+    """ROC AUC with ties counted half (Mann-Whitney), raises ValueError when one class is absent (sklearn's
+    roc_auc_score warns and returns NaN there); equal to roc_auc_score otherwise (tests/test_metric_references.py).
+    By hand for speed: 7x roc_auc_score on the demo's AD test frames (benchmarks/metric_speed.py), and the
+    bootstrap's metric(seed, idx) calls it where auc_resamples does not apply."""
     n1 = int(y.sum())
     n0 = len(y) - n1
     if n1 == 0 or n0 == 0:
@@ -334,7 +359,7 @@ def tad_scored(dets: list, gts: list, test: Videos, tious: Sequence[float], n_bo
         col = (["mAP"] + [f"mAP@{t:g}" for t in tious]).index(name)
 
         def resamples(s, idx):
-            key = (id(dets[s]), idx.shape, idx.tobytes())
+            key = (id(dets[s]), stats.resample_key(idx))
             if key not in memo:
                 memo[key] = table(s, idx)
             return memo[key][:, col]
@@ -346,7 +371,8 @@ def tad_scored(dets: list, gts: list, test: Videos, tious: Sequence[float], n_bo
     names = ["mAP"] + [f"mAP@{t:g}" for t in tious]
     return Scored("tad", {m: at(m) for m in names}, {"mAP": float(np.mean(null)), **{m: None for m in names[1:]}},
                   len(dets), n, [v.video_id for v in test], details={"tious": list(tious)},
-                  same_outputs=all(d is dets[0] for d in dets[1:]), n_boot=n_boot)  # mAP is costly to re-score
+                  same_outputs=all(d is dets[0] for d in dets[1:]), n_boot=n_boot,  # mAP is costly to re-score
+                  clusters=subject_clusters(test))
 
 
 # ---------------------------------------------------------------- privacy
@@ -397,23 +423,33 @@ def privacy_attack(train: Videos, test: Videos, attributes: Sequence[str], seeds
     same = all(all(p is v[0] for p in v[1:]) for v in probs_by.values())  # every attacker deterministic
     return Scored("privacy", metrics, chance, len(seeds), n, [v.video_id for v in test],
                   higher_is_better={"cmap": True}, seed_only=("chance_cmap",), same_outputs=same,
+                  clusters=subject_clusters(test),
                   details={"strongest": best, "attacker_cmap": mean_c, "attributes": list(attributes),
                            "capacity": {k: A.capacity(k, train[0].dim) for k in probs_by},
                            "chance_fn": lambda idx: chance_cmap(y_test[_sel(n, idx)])})
 
 
 def _macro_f1(y: np.ndarray, probs: np.ndarray, threshold: float = 0.5) -> float:
-    """Macro-F1 over attributes at `threshold` (sklearn's f1_score(average='macro', zero_division=0), in numpy:
-    the bootstrap calls it thousands of times)."""
+    """Macro-F1 over attributes at `threshold`: the mean over attributes of each one's positive-class F1, 0 where an
+    attribute has neither a positive nor a positive prediction. sklearn's f1_score(average='macro', zero_division=0)
+    on the (N, A) indicators (for one attribute, its average='binary': sklearn reads an (N, 1) indicator as one binary
+    target and would average both classes' F1), in numpy; tests/test_metric_references.py checks it. By hand for
+    the bootstrap, which scores every resample (_macro_f1_resamples): over 1000x an f1_score per resample at the
+    demo's size (benchmarks/metric_speed.py)."""
     return float(_macro_f1_rows(y, probs, threshold))
 
 
-def _macro_f1_resamples(y: np.ndarray, probs: np.ndarray, idx: np.ndarray, threshold: float = 0.5) -> np.ndarray:
-    """_macro_f1 of each resample of the rows: idx (B, n) -> (B,)."""
-    return _macro_f1_rows(y[idx], probs[idx], threshold)
+def _macro_f1_resamples(y: np.ndarray, probs: np.ndarray, idx, threshold: float = 0.5) -> np.ndarray:
+    """_macro_f1 of each resample of the rows (idx: B index rows, stats.bootstrap_indices) -> (B,): counts of true
+    positives, predictions and positives weighted by how often each row was drawn."""
+    counts = resample_counts(idx, len(y)).astype(np.float64)            # (B, N)
+    pred, yy = probs >= threshold, np.asarray(y).astype(bool)
+    tp, denom = counts @ (pred & yy), counts @ pred + counts @ yy          # (B, A)
+    return np.mean(np.where(denom > 0, 2 * tp / np.maximum(denom, 1), 0.0), axis=-1)
 
 
 def _macro_f1_rows(y: np.ndarray, probs: np.ndarray, threshold: float) -> np.ndarray:
+    """_macro_f1 over the last two axes (..., N, A)."""
     pred = probs >= threshold                                           # (..., N, A)
     y = y.astype(bool)
     tp = (pred & y).sum(-2)
@@ -494,6 +530,7 @@ def reidentification(train: Videos, test: Videos, chance_perms: int = 50, **_) -
                **{f"rank1[{k}]": of(k, 0) for k in per}, **{f"map[{k}]": of(k, 1) for k in per}}
     chance = {m: (chance_r1 if m.startswith("rank1") else chance_map) for m in metrics}
     return Scored("reid", metrics, chance, 1, len(q), [test[i].video_id for i in q], same_outputs=True,
+                  clusters=subject_clusters([test[i] for i in q]),
                   details={"strongest": best, "attacker_rank1": mean_r1, "gallery": "other actions",
                            "n_subjects": len(set(subj[q]))})
 
@@ -515,7 +552,7 @@ def gait_retrieval(videos: Videos, **_) -> Scored:
         return float(hit[_sel(n, idx)].mean())
 
     return Scored("gait", {"top1": top1}, {"top1": float((same / (n - 1)).mean())}, 1, n,
-                  [v.video_id for v in videos])
+                  [v.video_id for v in videos], clusters=subject_clusters(videos))
 
 
 # ---------------------------------------------------------------- TAD, convex variant

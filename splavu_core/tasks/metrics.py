@@ -35,7 +35,9 @@ def _ap_weighted(y: np.ndarray, s: np.ndarray, w: np.ndarray) -> np.ndarray:
 
     sklearn's definition with ties grouped: AP = (1/P) sum_i y_i precision(end of i's tie group), rows ranked by
     score, high to low. Rows are ranked once per column; a resample only re-weights them, so no resample is sorted
-    (sorting every resample made cMAP most of an evaluation's time). Counts are integers, exact in float64."""
+    (sorting every resample made cMAP most of an evaluation's time). Counts are integers, exact in float64. Equal to
+    average_precision_score with the weights as sample_weight (tests/test_metric_references.py); 90x an
+    average_precision_score per resample and attribute at the demo's size (benchmarks/metric_speed.py)."""
     n = s.shape[0]
     order = np.argsort(-s.T, axis=-1, kind="stable")                    # (A, N) each column high to low
     ranked = np.take_along_axis(s.T, order, -1)
@@ -73,17 +75,23 @@ def cmap(y_true, scores) -> float:
     return float(ap.mean())
 
 
-def resample_counts(idx: np.ndarray, n: int) -> np.ndarray:
-    """(B, n) row indices drawn with replacement -> (B, n) how many times each row was drawn."""
-    B = len(idx)
-    return np.bincount((idx + n * np.arange(B)[:, None]).ravel(), minlength=B * n).reshape(B, n)
+def resample_counts(idx, n: int) -> np.ndarray:
+    """Resampled row indices, (B, n) drawn with replacement or B index arrays of any lengths (a bootstrap over
+    people: evaluation.stats.bootstrap_indices) -> (B, n) how many times each row was drawn."""
+    if isinstance(idx, np.ndarray) and idx.ndim == 2:
+        B = len(idx)
+        return np.bincount((idx + n * np.arange(B)[:, None]).ravel(), minlength=B * n).reshape(B, n)
+    if getattr(idx, "counts", None) is not None and idx.counts.shape[1] == n:   # stats.PeopleResamples
+        return idx.counts
+    return np.stack([np.bincount(np.asarray(row, np.int64), minlength=n) for row in idx]) if len(idx) else \
+        np.zeros((0, n), np.int64)
 
 
 def cmap_resamples(y_true: np.ndarray, scores: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """cMAP of each resample of the rows: idx (B, n) row indices -> (B,), NaN where a resampled column has one
+    """cMAP of each resample of the rows: idx, B rows of row indices (resample_counts) -> (B,), NaN where a resampled column has one
     class (where `cmap` raises). Equals [cmap(y_true[i], scores[i]) for i in idx] up to float rounding (~1e-16)."""
     y_true, scores = _as_2d(y_true, scores)
-    return _ap_weighted(y_true, scores, resample_counts(np.asarray(idx), len(y_true))).mean(axis=-1)
+    return _ap_weighted(y_true, scores, resample_counts(idx, len(y_true))).mean(axis=-1)
 
 
 def chance_cmap(y_true) -> float:
@@ -93,9 +101,14 @@ def chance_cmap(y_true) -> float:
 
 
 def macro_f1(y_true, probs, threshold: float = 0.5) -> float:
-    """Macro-F1 over attributes, predicting positive where prob >= threshold."""
+    """Macro-F1 over attributes, predicting positive where prob >= threshold: the mean of each attribute's
+    positive-class F1 (0 where it has neither a positive nor a positive prediction). One attribute: its F1, not
+    sklearn's average='macro' of an (N, 1) indicator, which averages the F1 of both classes."""
     y_true, probs = _as_2d(y_true, probs)
-    return float(f1_score(y_true, (probs >= threshold).astype(int), average="macro", zero_division=0))
+    pred = (probs >= threshold).astype(int)
+    if y_true.shape[1] == 1:
+        return float(f1_score(y_true[:, 0], pred[:, 0], average="binary", zero_division=0))
+    return float(f1_score(y_true, pred, average="macro", zero_division=0))
 
 
 # ---------------------------------------------------------------- AR
