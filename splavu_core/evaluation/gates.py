@@ -116,8 +116,10 @@ def measure_gates(store: FeatureStore, version: str, base_seed: int = 0, n_seeds
     which = [t for t in (*PRIVACY_TASKS, *seen) if ds.get(t) and raw_shards(store, ds[t])]
     seeds = list(range(base_seed, base_seed + n_seeds))
     shard_state = {t: shard_hashes(store, raw_shards(store, ds[t])) for t in which}
+    # protocol: bumped whenever what a measurement holds changes, so a cached one is never read as the new kind
+    # (6: intervals resample people where they repeat; the utility parts carry their video counts)
     key = _key({"version": version, "shards": shard_state, "seeds": seeds, "probe": probe_kwargs or {},
-                "datasets": {t: ds[t] for t in which}, "fingerprint": store.encoder_fingerprint(), "protocol": 5})
+                "datasets": {t: ds[t] for t in which}, "fingerprint": store.encoder_fingerprint(), "protocol": 6})
     cache = f"reports/gates/{version}.json"
     if use_cache and store.files.isfile(cache):
         hit = store.files.read_json(cache)
