@@ -273,3 +273,15 @@ def test_a_store_that_keeps_changing_says_so_in_one_line(catalog, capsys, monkey
     assert rc == 2 and err.count("\n") == 1, err
     assert "the store changed while this query ran" in err and "nothing is wrong with the query" in err
     assert "read-only" not in err and "IO Error" not in err and "Permission Error" not in err
+
+
+def test_a_parquet_file_replaced_while_it_was_read_is_the_stores_doing():
+    """Under load during an erasure DuckDB once answered "Out of buffer" reading a table a writer was replacing; that
+    is the store changing under the query (retried once, then one line), never the analyst's error."""
+    import duckdb
+
+    from splavu_core.serve import analyst
+
+    torn = duckdb.InvalidInputException('Invalid Input Error: Out of buffer reading "/s/anonymized/v/ar-000.parquet"')
+    assert analyst._store_changed(None, None, torn) == "/s/anonymized/v/ar-000.parquet changed while it was read"
+    assert analyst._store_changed(None, None, duckdb.BinderException("Referenced column x not found")) is None

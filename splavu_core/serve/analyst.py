@@ -195,10 +195,19 @@ def _vanished(e: duckdb.Error) -> str | None:
     return None
 
 
+def _torn(e: duckdb.Error) -> str | None:
+    """'a file changed while it was read' when `e` is DuckDB reading a Parquet file a writer was replacing (seen under
+    load during an erasure: "Out of buffer")."""
+    if any(s in str(e) for s in ("Out of buffer", "No magic bytes found at end of file")):
+        return f"{_quoted(e) or 'a file'} changed while it was read"
+    return None
+
+
 def _store_changed(con, store: FeatureStore, e: duckdb.Error) -> str | None:
-    """What changed under the views when `e` is the store's doing (a file a view names vanished, or appeared under a
-    view's glob after this connection listed the files it may open); None when it is the query's."""
-    if gone := _vanished(e):
+    """What changed under the views when `e` is the store's doing (a file a view names vanished, appeared under a
+    view's glob after this connection listed the files it may open, or was replaced while it was read); None when it
+    is the query's."""
+    if gone := _vanished(e) or _torn(e):
         return gone
     if isinstance(e, duckdb.PermissionException) and (path := _quoted(e)):
         try:
