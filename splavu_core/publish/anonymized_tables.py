@@ -25,12 +25,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from splavu_core.ingest.datasets import dataset_of
-from splavu_core.store.feature_store import FeatureStore, StoreError
+from splavu_core.store.feature_store import FeatureStore
 from splavu_core.store.fs import join
 from splavu_core.store.ledger import PublishError, current_version, read_versions, versions_path
 from splavu_core.tasks.features import VideoFeatures
-from splavu_core.tasks.loading import group_videos, load_raw_features, shard_manifest_rows
+from splavu_core.tasks.loading import chosen_shards, group_videos, load_raw_features, shard_manifest_rows
 
 CHUNK_ROWS = 16384         # adapter batch: bounded memory (12 MB at D=192); batch-invariant anyway (aam/model.py)
 IDENTITY_EPS = 1e-6        # max |f(x) - x| over a shard at or below this: the adapter is the identity
@@ -376,16 +375,8 @@ def load_video_features(store: FeatureStore, source: str = "raw", version: str |
     if source == "raw":
         return load_raw_features(store, datasets=datasets, shards=shards)
     version = _version_or_current(store, version)
-    available = sorted(published_shards(store, version))
-    if shards is not None:
-        missing = sorted(set(shards) - set(available))
-        if missing:
-            raise StoreError(f"no {source} features for shards {missing} in {store.root}")
-        available = [s for s in available if s in set(shards)]
-    if datasets is not None:
-        available = [s for s in available if dataset_of(s) in set(datasets)]
     videos = []
-    for shard in available:
+    for shard in chosen_shards(store, sorted(published_shards(store, version)), source, datasets, shards):
         index = _read_parquet(store, anonymized_key(version, shard))
         videos += group_videos(shard, index, feature_matrix(index), shard_manifest_rows(store, shard))
     return videos

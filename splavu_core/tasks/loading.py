@@ -48,19 +48,25 @@ def group_videos(shard: str, index: pa.Table, feats: np.ndarray, manifest: dict[
     return [found[v] for v in manifest if v in found]  # manifest order: deterministic
 
 
-def load_raw_features(store: FeatureStore, datasets: list[str] | None = None,
-                      shards: list[str] | None = None) -> list[VideoFeatures]:
-    """Every video of the chosen committed shards (all by default) as VideoFeatures from the raw latents."""
-    available = store.committed_shards()
+def chosen_shards(store: FeatureStore, available, source: str, datasets: list[str] | None = None,
+                  shards: list[str] | None = None) -> list[str]:
+    """The shards of `available` to load: `shards` (each must be available) and only `datasets`' (None: all)."""
+    available = list(available)
     if shards is not None:
         missing = sorted(set(shards) - set(available))
         if missing:
-            raise StoreError(f"no raw features for shards {missing} in {store.root}")
+            raise StoreError(f"no {source} features for shards {missing} in {store.root}")
         available = [s for s in available if s in set(shards)]
     if datasets is not None:
         available = [s for s in available if dataset_of(s) in set(datasets)]
+    return available
+
+
+def load_raw_features(store: FeatureStore, datasets: list[str] | None = None,
+                      shards: list[str] | None = None) -> list[VideoFeatures]:
+    """Every video of the chosen committed shards (all by default) as VideoFeatures from the raw latents."""
     videos = []
-    for shard in available:
+    for shard in chosen_shards(store, store.committed_shards(), "raw", datasets, shards):
         data = store.read_shard(shard, with_static=False)
         videos += group_videos(shard, data.index, data.clips, shard_manifest_rows(store, shard))
     return videos
