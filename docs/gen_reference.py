@@ -359,7 +359,7 @@ def _seconds(v) -> str:
 
 def _render_gates(path: Path, version) -> str:
     from splavu_core.settings import settings
-    from splavu_core.store.ledger import retention_kept
+    from splavu_core.store.ledger import retention_state
 
     head = "\n## Gates (validation split)\n\n"
     if not path.is_file():
@@ -390,14 +390,20 @@ def _render_gates(path: Path, version) -> str:
     body = []
     for task, m in utility.items():
         low, high = m.get("retention_ci_low"), m.get("retention_ci_high")
-        ok = "skipped" in m or m.get("no_signal") or (
-            retention_kept(m["retention"], high, s.utility_gate) and not m.get("anon_at_chance"))
+        if "skipped" in m or m.get("no_signal"):
+            state = "nothing to keep"
+        elif m.get("anon_at_chance"):
+            state = "no: at chance"
+        else:  # the gate's own words (ledger.utility_verdict): undecidable refuses nothing
+            state = {"kept": "yes", "lost": "no: lost", "undecidable": "undecidable"}[
+                retention_state(m["retention"], low, high, s.utility_gate)]
         body.append([task + (" (seen)" if task in seen else " (unseen)"), str(m.get("metric", "")),
                      str(m.get("reader") or "—"), f"{_num(m.get('raw'))} → {_num(m.get('anon'))}",
-                     f"{_num(m.get('retention'))} [{_num(low)}, {_num(high)}]", "yes" if ok else "no"])
+                     f"{_num(m.get('retention'))} [{_num(low)}, {_num(high)}]", state])
     if body:
         out += ["\n### Utility\n\n", "Only seen tasks are gated. A task is refused when its retention is below the "
-                "gate with the interval's upper end below 1 (a loss beyond the noise).\n\n",
+                "gate with the interval's upper end below 1 (a loss beyond the noise); an interval that holds both the gate and "
+                "1, or is wider than 0.3, is undecidable and refuses nothing.\n\n",
                 _table(["task", "metric", "reader (raw's strongest)", "raw → anonymized", "retention [95% interval]",
                         "kept"], body)]
     return "".join(out)
