@@ -473,3 +473,51 @@ def test_definitions_load():
     assert checks >= {("anonymized_features", "privacy_budget"), ("privacy_utility_report", "utility_retention")}
     assert defs.resolve_job_def("ablations").partitions_def is ablations.ablation_variants
     assert math.isclose(evaluation.DEFAULT_PRIVACY_BUDGET, 0.5) and math.isclose(evaluation.DEFAULT_UTILITY_GATE, 0.95)
+
+
+def _ar_videos(seed: int, n: int = 60, dim: int = 6) -> list:
+    from splavu_core.tasks.features import VideoFeatures
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        action = ("a", "b", "c")[i % 3]
+        feats = (rng.normal(size=(2, dim)) + 2.0 * np.eye(dim)[i % 3]).astype(np.float32)
+        out.append(VideoFeatures(f"v{i:03d}", "test" if i % 4 == 0 else "train", feats, np.array([0.0, 1.0]),
+                                 np.array([1.0, 2.0]), 32, 16.0, {"action": action}))
+    return out
+
+
+def test_the_same_measurement_is_scored_once_and_a_changed_input_never_reuses_it(monkeypatch):
+    """score_sets keys a measurement by its content: an identical table under another name (a same-width PCA in the
+    main table and again in the unseen-task rows) reuses the first one's Scored and gives the same rows; a table
+    that differs in one feature byte, one label or the seeds is scored afresh."""
+    import dataclasses
+
+    from splavu_core.evaluation import scoring
+
+    scoring._SCORES.clear()
+    runs, real = [], scoring.run_task
+    monkeypatch.setattr(scoring, "run_task", lambda task, videos, *a: runs.append(videos[0].video_id) or
+                        real(task, videos, *a))
+    raw, other = _ar_videos(0), _ar_videos(1)
+    ds = {"ar": "ar"}
+    first = scoring.score_sets({"raw": {"ar": raw}, "pca": {"ar": other}}, ["ar"], ds, seeds=[0, 1])
+    assert len(runs) == 2
+    again = scoring.score_sets({"raw": {"ar": raw}, "unseen_pca": {"ar": other}}, ["ar"], ds, seeds=[0, 1])
+    assert len(runs) == 2  # nothing scored again
+    strip = [(r["task"], r["metric"], r["value"], r["ci_low"], r["ci_high"]) for r in first if r["feature_set"] == "pca"]
+    assert strip == [(r["task"], r["metric"], r["value"], r["ci_low"], r["ci_high"])
+                     for r in again if r["feature_set"] == "unseen_pca"]
+
+    byte = [dataclasses.replace(v, feats=v.feats.copy()) for v in other]
+    byte[7].feats[1, 2] = np.nextafter(byte[7].feats[1, 2], np.float32(np.inf))
+    label = [dataclasses.replace(v, meta=dict(v.meta)) for v in other]
+    label[5].meta["action"] = "a" if label[5].meta["action"] != "a" else "b"
+    for changed in (byte, label):
+        before = len(runs)
+        scoring.score_sets({"raw": {"ar": raw}, "pca": {"ar": changed}}, ["ar"], ds, seeds=[0, 1])
+        assert len(runs) == before + 1  # raw reused, the changed table scored
+    before = len(runs)
+    scoring.score_sets({"raw": {"ar": raw}, "pca": {"ar": other}}, ["ar"], ds, seeds=[0, 1, 2])
+    assert len(runs) == before + 2  # other seeds: both scored

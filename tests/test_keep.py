@@ -321,7 +321,7 @@ def test_the_demos_curve_takes_raw_and_the_default_from_the_gates_of_the_same_pr
                                                              "leakage_removed_ci_high")]
 
     runs.clear()
-    scoring._RAW_SCORES.clear()  # the process's raw scores forgotten too
+    scoring._SCORES.clear()  # the process's scores forgotten too
     again, _ = kc.keep_curve(fs, [10], range(2))  # nothing reused: raw scored here
     assert again["reused"] == {} and {t for t, d in runs if d == raw_dim} >= measured
     np.testing.assert_equal(again["members"][0], reused["members"][0])  # k = 10 paired with the gates' raw: same

@@ -48,6 +48,7 @@ from splavu_core.tasks.metrics import (
     tad_map_resamples,
     tad_tables,
 )
+from splavu_core.threads import intra_op_threads
 
 Videos = Sequence[VideoFeatures]
 N_SEEDS = 5
@@ -302,8 +303,12 @@ def _auc(y: np.ndarray, s: np.ndarray) -> float:
 def temporal_detection_head(train: Videos, test: Videos, classes: Sequence[str], seeds: Sequence[int] = seeds_from(),
                        epochs: int = 150, lr: float = 2e-3, weight_decay: float = 1e-4, hidden: int = 64,
                        tious: Sequence[float] = TIOUS, **_) -> Scored:
-    """TADHead trained full batch (every train video in every step) with Adam, one per seed; mAP over tIoUs."""
-    from splavu_core.tasks.heads import TADHead, pad_sequences, stack_tad_targets, tad_decode, tad_loss, tad_targets
+    """TADHead trained full batch (every train video in every step) with Adam, one per seed; mAP over tIoUs.
+
+    On one intra-op thread: its convolutions' backward sums in an order that depends on the thread count, so on two
+    threads its mAP differed from one thread's by up to a point per seed (a machine's core count changed the report),
+    and on two shared cores it ran 1.6x (quiet) to 5x (a core busy) slower than on one."""
+    from splavu_core.tasks.heads import pad_sequences, stack_tad_targets, tad_targets
 
     classes = list(classes)
     std = Standardiser(all_clips(train))
@@ -313,22 +318,30 @@ def temporal_detection_head(train: Videos, test: Videos, classes: Sequence[str],
     gts = [[tuple(seg) for seg in v.meta.get("segments") or []] for v in test]
     dets = []
     for s in seeds:
-        torch.manual_seed(s)
-        head = TADHead(train[0].dim, len(classes), hidden=hidden)
-        opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
-        for _ in range(epochs):
-            loss = tad_loss(*head(x, mask), tgt, mask)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
-            opt.step()
-        head.eval()
-        with torch.no_grad():
-            cl, rg = head(xt, mt)
-        dets.append([[(a, e, classes[c], p) for a, e, c, p in
-                      tad_decode(cl[j, :len(v.feats)], rg[j, :len(v.feats)], v.clip_start_s, v.clip_end_s)]
-                     for j, v in enumerate(test)])
+        with intra_op_threads(1):
+            dets.append(_tad_detections(s, x, mask, tgt, xt, mt, test, classes, epochs, lr, weight_decay, hidden))
     return tad_scored(dets, gts, test, tious, n_boot=100)
+
+
+def _tad_detections(seed, x, mask, tgt, xt, mt, test, classes, epochs, lr, weight_decay, hidden) -> list:
+    """One seed's TADHead, trained on the padded train videos x (B, T, D) -> its detections on each test video."""
+    from splavu_core.tasks.heads import TADHead, tad_decode, tad_loss
+
+    torch.manual_seed(seed)
+    head = TADHead(xt.shape[-1], len(classes), hidden=hidden)
+    opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
+    for _ in range(epochs):
+        loss = tad_loss(*head(x, mask), tgt, mask)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        opt.step()
+    head.eval()
+    with torch.no_grad():
+        cl, rg = head(xt, mt)                                   # (B, T, C), (B, T, 2)
+    return [[(a, e, classes[c], p) for a, e, c, p in
+             tad_decode(cl[j, :len(v.feats)], rg[j, :len(v.feats)], v.clip_start_s, v.clip_end_s)]
+            for j, v in enumerate(test)]
 
 
 def tad_scored(dets: list, gts: list, test: Videos, tious: Sequence[float], n_boot: int = 100) -> Scored:

@@ -200,22 +200,31 @@ def _ratio(ref_fn, fn, n_seeds, n_test, chance, same=False, n_boot=stats.N_BOOT,
     return {**r, "value": value, "ci_low": value - (r["value"] - r["ci_low"]), "ci_high": value + (r["ci_high"] - r["value"])}
 
 
-# raw's scores in this process, by (task, split, seeds, probe settings, the videos' ids, labels and bytes): the gates,
-# the evaluation, its unseen-task rows and the curve of one run (`splavu demo`, `splavu evaluate`) score raw once per
-# task and split, whatever the versions they compare with it. Bounded: raw sets are few.
-_RAW_SCORES: dict = {}
-_RAW_SCORES_MAX = 64
+# Scores in this process, by content: (task, split, seeds, probe settings, the attributes judged, and the videos' ids,
+# splits, labels and feature bytes). A protocol is seeded, so the same inputs give the same Scored: the gates, the
+# evaluation, its unseen-task rows and the curve of one run (`splavu demo`, `splavu evaluate`) score each such
+# measurement once, whatever feature set it is called (raw, or a same-width PCA fitted on the same clips in the main
+# table and again in the leave-one-task-out rows). Any changed byte, label, seed or setting is another key.
+# Bounded: the oldest entry goes first.
+_SCORES: dict = {}
+_SCORES_MAX = 128
 
 
-def _raw_key(task: str, videos: Sequence[VideoFeatures], split: str, seeds, kw: Mapping) -> str:
-    h = hashlib.blake2b(repr((task, split, list(seeds), sorted((k, repr(v)) for k, v in kw.items()))).encode(),
-                        digest_size=16)
+def _content_key(task: str, videos: Sequence[VideoFeatures], split: str, seeds, kw: Mapping,
+                 attributes: Sequence[str] | None = None) -> str:
+    h = hashlib.blake2b(repr((task, split, list(seeds), sorted((k, repr(v)) for k, v in kw.items()),
+                              None if attributes is None else list(attributes))).encode(), digest_size=16)
     for v in videos:
-        h.update(f"{v.video_id}|{v.split}|{sorted((k, repr(x)) for k, x in v.meta.items())}".encode())
+        h.update(f"{v.video_id}|{v.split}|{sorted((k, repr(x)) for k, x in v.meta.items())}|{v.feats.shape}".encode())
         h.update(np.ascontiguousarray(v.feats).tobytes())
-    if len(_RAW_SCORES) >= _RAW_SCORES_MAX:
-        _RAW_SCORES.pop(next(iter(_RAW_SCORES)))
     return h.hexdigest()
+
+
+def _remember(key: str, value) -> None:
+    _SCORES.pop(key, None)
+    while len(_SCORES) >= _SCORES_MAX:
+        _SCORES.pop(next(iter(_SCORES)))
+    _SCORES[key] = value
 
 
 class EvalResult(list):
@@ -258,12 +267,12 @@ def score_sets(sets: Mapping[str, Mapping[str, Sequence[VideoFeatures]]], which:
             cached = reference_cache.get(task) if reference_cache is not None and name == reference else None
             if task in (scored or {}).get(name, {}):
                 cached = (scored[name][task], None)
-            raw_key = _raw_key(task, videos, split, seeds, kw) if name == reference == "raw" else None
-            if cached is None and raw_key in _RAW_SCORES:
-                cached = _RAW_SCORES[raw_key]
+            key = _content_key(task, videos, split, seeds, kw, attrs) if cached is None else None
+            if key is not None and key in _SCORES:
+                cached = _SCORES[key]
             sc, why = cached if cached is not None else run_task(task, videos, split, seeds, kw, attrs)
-            if raw_key is not None:
-                _RAW_SCORES[raw_key] = (sc, why)
+            if key is not None:
+                _remember(key, (sc, why))
             if name == reference and reference_cache is not None and cached is None:
                 reference_cache[task] = (sc, why)
             if sc is None:
