@@ -18,7 +18,8 @@ import time
 
 from splavu_core.aam.appearance_projection import apply_erasure
 from splavu_core.aam.diagnostics import heldout_split, pair_matching_report
-from splavu_core.aam.train import fit_appearance_erasure, load_training_data
+from splavu_core.aam.closed_form import fit_appearance_erasure
+from splavu_core.aam.training_data import load_training_data
 from splavu_core.evaluation.scoring import score_sets
 from splavu_core.evaluation.suite import RAW, load_feature_sets, metric_value
 from splavu_core.ingest.datasets import task_datasets

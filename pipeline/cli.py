@@ -790,8 +790,8 @@ def _expected_error(e: BaseException) -> BaseException | None:
     """The user-facing error inside `e` (Dagster wraps what an asset raised), or None for a bug."""
     expected = [ManifestError, StoreError, PixelError, BenchmarkMismatch]
     # these two are raised only by code that imported their module: recognised without importing it (seconds)
-    if "splavu_core.aam.train" in sys.modules:
-        expected.append(sys.modules["splavu_core.aam.train"].TrainingDataError)
+    if "splavu_core.aam.training_data" in sys.modules:
+        expected.append(sys.modules["splavu_core.aam.training_data"].TrainingDataError)
     if "dagster" in sys.modules:
         expected.append(sys.modules["dagster"].Failure)
     seen = set()

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from splavu_core.aam.train import TrainConfig, TrainingData, TrainingDataError, check_data, train_aam
+from splavu_core.aam.config import TrainConfig
+from splavu_core.aam.train import train_aam
+from splavu_core.aam.training_data import TrainingData, TrainingDataError, check_data
 from splavu_core.tasks.features import VideoFeatures
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,7 +109,7 @@ def test_refusals_before_training():
 def test_missing_shards_and_unknown_datasets_are_refused(tiny_store, tmp_path):
     import shutil
 
-    from splavu_core.aam.train import load_training_data
+    from splavu_core.aam.training_data import load_training_data
     from splavu_core.store.feature_store import FeatureStore
 
     copy = tmp_path / "store"
@@ -122,7 +124,7 @@ def test_missing_shards_and_unknown_datasets_are_refused(tiny_store, tmp_path):
 def test_other_encoder_latents_are_refused(tiny_store, tmp_path):
     import shutil
 
-    from splavu_core.aam.train import load_training_data
+    from splavu_core.aam.training_data import load_training_data
     from splavu_core.store.feature_store import FeatureStore, StoreError
 
     copy = tmp_path / "store"
@@ -221,7 +223,7 @@ def test_default_adapter_fit_reads_no_static_clip_beyond_the_diagnostics(tiny_st
     """Why the demo extracts K = 4 static clips per training video, not 10: the default (keep) adapter is fitted
     from utility labels; its weights are the same whether it sees 10 static clips per video, 4, or 2 (only the
     pair-matching diagnostics, which draw 2 of K, read them). So the headline figures cannot depend on K."""
-    from splavu_core.aam.train import load_training_data
+    from splavu_core.aam.training_data import load_training_data
     from splavu_core.store.feature_store import FeatureStore
 
     data = load_training_data(FeatureStore(tiny_store))
@@ -290,7 +292,7 @@ def test_the_default_adapter_reads_no_loop_or_erasure_fit_field():
     """Every field of the erasure and loop sections but the erasure's switch changed: the default adapter's weights
     and version stay; a field of its own (keep_ridge) changes them."""
     from splavu_core.aam.io import adapter_version
-    from splavu_core.aam.train import config_fields
+    from splavu_core.aam.config import config_fields
 
     other = {"selection": "last", "epochs": 1, "batch": 7, "lr": 0.5, "head_lr": 0.5, "pretrain_head_epochs": 1,
              "w_lc": 3.0, "w_ar": 0.0, "w_tad": 0.0, "w_ad": 0.0, "w_b": 0.0, "privacy": "ntxent",

@@ -38,7 +38,9 @@ def _copy(src, dst):
 def trained(tiny_store, tmp_path_factory):
     """A copy of tiny_store with one (tiny) trained AAM recorded, nothing published."""
     from splavu_core.aam.io import save_adapter
-    from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
+    from splavu_core.aam.config import TrainConfig
+    from splavu_core.aam.train import train_aam
+    from splavu_core.aam.training_data import load_training_data
     from splavu_core.store.ledger import record_version
 
     store = _copy(tiny_store, tmp_path_factory.mktemp("trained") / "store")

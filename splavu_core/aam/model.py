@@ -44,7 +44,7 @@ PREVIOUS_DEFAULT_ADAPTER = {"keep": 0, "layers": 2, "mixer": "mlp", "hidden": 25
 def documented(default, doc: str, **metadata):
     """A dataclass field with its description (metadata "doc", shown by the Dagster config and
     docs/configuration.md) and any other metadata: "section" ("erasure" or "loop": the stage that alone reads it,
-    see train.config_fields), "derived" (training sets it, not the user)."""
+    see config.config_fields), "derived" (training sets it, not the user)."""
     return field(default=default, metadata={"doc": doc, **metadata})
 
 
