@@ -19,7 +19,7 @@ from pathlib import Path
 import dagster as dg
 
 from assets.aam import check_training_config  # noqa: F401  (the CLI)
-from assets.anonymized import newest_version, registered_shards, resolve_version  # noqa: F401  (newest_version: the CLI)
+from assets.anonymized import registered_shards, resolve_version
 from assets.evaluation import EVAL_ASSETS, GATE_CHECKS, privacy_utility_report
 from assets.partitions import shards
 from assets.resources import EncoderResource, StoreResource
