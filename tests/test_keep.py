@@ -129,8 +129,8 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store, 
     adapter, acfg, summary = train_aam(data, cfg, log=None)
     clips = sum(len(v.feats) for v in data.ar_train + data.tad_train)
     want = len(data.classes) if on == "classes" else clips // 16
-    assert acfg.recentre and acfg.classes == want == n_centroids(data, cfg.tasks, cfg)
-    assert summary["keep"]["recentre"]["classes"] == acfg.classes and summary["keep"]["recentre"]["on"] == on
+    assert acfg.recentre and acfg.centroids == want == n_centroids(data, cfg.tasks, cfg)
+    assert summary["keep"]["recentre"]["classes"] == acfg.centroids and summary["keep"]["recentre"]["on"] == on
     maps = fit_closed_form(data, cfg.tasks, 4, cfg)
     assert set(maps) == {False, True}
     fn = maps[True]
@@ -147,7 +147,7 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store, 
     if on == "clips":  # no task's classes: a store that trains TAD alone recentres too
         assert acfg.recentre_clips
         _, acfg, _ = train_aam(data, cfg.replace(tasks=("tad",), selection="last"), log=None)
-        assert acfg.recentre and acfg.classes == max(2, sum(len(v.feats) for v in data.tad_train) // 16)
+        assert acfg.recentre and acfg.centroids == max(2, sum(len(v.feats) for v in data.tad_train) // 16)
         return
     # AD trained too: its training videos' labels (normal / anomalous) are two more centroids; without task 'ar'
     # there are none: the adapter says so and publishes keep alone
@@ -157,7 +157,7 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store, 
     _, labels = recentre_classes(full, ("ar", "ad"))
     assert {"anomaly=0", "anomaly=1"} <= set(labels) and set(labels) - {"anomaly=0", "anomaly=1"} == set(data.classes)
     _, acfg_ad, _ = train_aam(full, cfg.replace(tasks=("ar", "ad")), log=None)
-    assert acfg_ad.classes == len(data.classes) + 2 and recentre_classes(full, ("ar",))[1] == \
+    assert acfg_ad.centroids == len(data.classes) + 2 and recentre_classes(full, ("ar",))[1] == \
         [v.meta["action"] for v in full.ar_train]
     msgs = []
     tad_only = cfg.replace(tasks=("tad",), selection="last")

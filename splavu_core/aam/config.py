@@ -140,7 +140,7 @@ SECTION_TITLES = {None: "the default adapter (closed form)", "erasure": "the era
 def config_fields() -> list[tuple[str | None, dataclasses.Field, bool]]:
     """What a user sets (the CLI's --config, Dagster), by flat name, as (section, field, is an AAMConfig field, i.e. a
     key of TrainConfig.adapter): the default adapter's (section None) first, then the erasure's, then the loop's.
-    Left out: `adapter` itself (its keys are here), what training derives (AAMConfig dim, classes) and the oracle
+    Left out: `adapter` itself (its keys are here), what training derives (AAMConfig dim, centroids) and the oracle
     flags, which only the `oracle` ablation variant sets."""
     out = []
     for section, cls in ((None, TrainConfig), ("erasure", ErasureConfig), ("loop", LoopConfig)):

@@ -72,7 +72,7 @@ def _content_hash(tensors: dict[str, torch.Tensor], config: AAMConfig, encoder_f
         feed(str(t.dtype).encode())
         feed(_canonical_json(list(t.shape)))
         feed(t.reshape(-1).view(torch.uint8).numpy().tobytes())  # raw bytes, any dtype (little-endian hosts)
-    feed(_canonical_json(config.to_dict()))
+    feed(_canonical_json(config.to_dict(names_before=True)))  # a rename leaves versions as they were
     feed(encoder_fingerprint.encode())
     return h.hexdigest()[:16]
 

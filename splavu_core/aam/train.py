@@ -31,9 +31,9 @@ def adapter_config(data: TrainingData, cfg: TrainConfig, log) -> AAMConfig:
     adapter_kw = dict(cfg.adapter)
     adapter_kw.setdefault("erase_rank", int(round(cfg.erasure.erase_fraction * data.dim)))
     if adapter_kw.get("recentre"):  # on classes: the trained actions' (+ AD's); without task 'ar' there are none
-        n_classes = n_centroids(data, cfg.tasks, cfg)               # the centroids fit_recentre will find
-        if n_classes >= 2:
-            adapter_kw["classes"] = n_classes                       # derived from the data, like dim
+        centroids = n_centroids(data, cfg.tasks, cfg)               # what fit_recentre will find
+        if centroids >= 2:
+            adapter_kw["centroids"] = centroids                     # derived from the data, like dim
             adapter_kw["recentre_clips"] = cfg.recentre_on == "clips"
         else:
             adapter_kw["recentre"] = False
