@@ -504,9 +504,9 @@ def _forget(store, request_id: str, note: str = "") -> str:
     r = _runner()
     print(f"erasure request {request_id}{f' ({note})' if note else ''}: the `forget` job", flush=True)
     out = r.run_forget(r.instance(), r.StoreResource(root=str(store.root)), request_id)
-    summary = out.get("erasure_request", {}).get("summary", {})
-    if "erasure_request" in out:
-        md = out["erasure_request"]
+    summary = out.get("forget_request", {}).get("summary", {})
+    if "forget_request" in out:
+        md = out["forget_request"]
         for layer, t in md["layers"].items():
             print(f"  {layer:15s} {t['items']:4d} item(s)  rows removed {t['rows_removed']:7d}  files removed "
                   f"{t['files_removed']:4d}  bytes rewritten {t['bytes_written']:10d}")
@@ -516,7 +516,7 @@ def _forget(store, request_id: str, note: str = "") -> str:
             print("refitting the adapter without them (it was the current version and was fitted on them)")
     if "aam_model" in out:
         print(f"  {train_line(out['aam_model'])}")
-    refit = out.get("erasure_refit", {})
+    refit = out.get("forget_refit", {})
     if refit.get("refit") == "done":
         version = refit["version"]
         print(f"  {publish_summary({'version': version, 'shards': refit['shards']})}")
