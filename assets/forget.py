@@ -89,8 +89,9 @@ def _request_id(context, config: ForgetConfig, feature_store) -> str | None:
     return rid
 
 
-@dg.multi_asset(specs=[FORGET_REQUEST, FORGET_REFIT], name="forget")
-def forget(context: dg.AssetExecutionContext, config: ForgetConfig, store: StoreResource):
+# the op is not named "forget": the `forget` job's graph has that name, and op / graph names share one namespace
+@dg.multi_asset(specs=[FORGET_REQUEST, FORGET_REFIT], name="forget_videos")
+def forget_videos(context: dg.AssetExecutionContext, config: ForgetConfig, store: StoreResource):
     feature_store = store.store()
     try:
         rid = _request_id(context, config, feature_store)

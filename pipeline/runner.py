@@ -193,10 +193,10 @@ def run_forget(inst: dg.DagsterInstance, store: StoreResource, request_id: str) 
     values} for what the run materialized: forget_request, forget_refit, and what the refit reported as aam_model,
     feature_catalog and anonymized_features ({shard: values}); plus "error": (expected, one line) when it failed
     (expected: an error of the request or the store, which the asset reported as a Failure; else a bug)."""
-    res = run_job(inst, "forget", store, run_config={"ops": {"forget": {"config": {"request_id": request_id}}}},
+    res = run_job(inst, "forget", store, run_config={"ops": {"forget_videos": {"config": {"request_id": request_id}}}},
                   raise_on_error=False)
     out: dict = {}
-    for m in res.asset_materializations_for_node("forget"):
+    for m in res.asset_materializations_for_node("forget_videos"):
         values = {k: v.value for k, v in m.metadata.items()}
         if m.partition:
             out.setdefault(m.asset_key.to_user_string(), {})[m.partition] = values
