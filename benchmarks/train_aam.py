@@ -158,9 +158,9 @@ def observed(reads: ReadLog):
 
 @contextlib.contextmanager
 def timed_fits():
-    """Seconds of train_aam's closed-form fits (keep, erasure): a closed-form adapter's whole work, which its summary's
-    loop seconds do not include."""
-    seconds, real = {}, {"keep": lib.fit_keep_into, "erasure": lib.fit_erasure_into}
+    """Seconds of train_aam's closed-form fits (keep, projection): a closed-form adapter's whole work, which its
+    summary's loop seconds do not include."""
+    seconds, real = {}, {"keep": lib.fit_keep_into, "projection": lib.fit_projection_into}
 
     def timer(name):
         def run(*a, **kw):
@@ -171,11 +171,11 @@ def timed_fits():
                 seconds[name] = time.perf_counter() - t
         return run
 
-    lib.fit_keep_into, lib.fit_erasure_into = timer("keep"), timer("erasure")
+    lib.fit_keep_into, lib.fit_projection_into = timer("keep"), timer("projection")
     try:
         yield seconds
     finally:
-        lib.fit_keep_into, lib.fit_erasure_into = real["keep"], real["erasure"]
+        lib.fit_keep_into, lib.fit_projection_into = real["keep"], real["projection"]
 
 
 def epoch_reads(data, cfg: TrainConfig) -> ReadLog:

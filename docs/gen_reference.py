@@ -112,15 +112,15 @@ def render_configuration() -> str:
 
 def render_training() -> list[str]:
     """The training fields, section by section as splavu_core.aam.config.config_fields orders them: the default
-    adapter's first, then those only the erasure stage or a trained adapter reads."""
+    adapter's first, then those only the appearance projection or a trained adapter reads."""
     from splavu_core.aam.model import DEFAULT_ADAPTER
     from splavu_core.aam.config import SECTION_TITLES, config_fields
 
     out = ["\n## Training configuration\n\n",
            "What `aam_model` fits is set per run, not by the environment: `splavu train --config JSON` and the "
            "Dagster launchpad take these fields by name, flat (`splavu_core/aam/config.py`: `TrainConfig`, its "
-           "`erasure` and `loop` sections, and the adapter's `AAMConfig` fields, marked *adapter*). The default "
-           "adapter is a closed-form fit: the first table is what it reads (`erase_fraction` 0 keeps the erasure "
+           "`projection` and `loop` sections, and the adapter's `AAMConfig` fields, marked *adapter*). The default "
+           "adapter is a closed-form fit: the first table is what it reads (`erase_fraction` 0 keeps the projection "
            "off). Left unset, `tasks` and "
            "`selection` follow the data the store has registered (`splavu train` prints the plan).\n"]
     sections: dict = {}

@@ -262,7 +262,7 @@ def test_flat_names_route_to_their_section_and_the_record_keeps_its_layout():
     assert cfg.flat() == FLAT_RECORD and config_key(cfg.flat()) == config_key(FLAT_RECORD)
     assert TrainConfig.from_flat(FLAT_RECORD) == cfg  # a stored record reads back as the config it came from
     c = TrainConfig.from_flat({"epochs": 5, "w_lc": 10.0, "keep_ridge": 0.1, "erase_fraction": 0.5})
-    assert (c.loop.epochs, c.loop.w_lc, c.keep_ridge, c.erasure.erase_fraction) == (5, 10.0, 0.1, 0.5)
+    assert (c.loop.epochs, c.loop.w_lc, c.keep_ridge, c.projection.erase_fraction) == (5, 10.0, 0.1, 0.5)
     assert c.replace(selection="last").loop == dataclasses.replace(c.loop, selection="last")
     with pytest.raises(ValueError, match=r"unknown training field\(s\) \['epoch'\]; valid: tasks, seed"):
         TrainConfig.from_flat({"epoch": 5})
@@ -278,11 +278,11 @@ def test_the_dagster_config_shows_the_defaults_fields_first_and_labels_the_rest(
     assert fields["keep_ridge"].description.startswith("keep fit: shrinkage")  # the field's doc metadata
     assert fields["epochs"].description.startswith("[trained adapters only] ")
     assert fields["hidden"].description.startswith("adapter: [trained adapters only] ")
-    assert fields["erase_w_action"].description.startswith("[erasure stage, off by default] ")
+    assert fields["erase_w_action"].description.startswith("[appearance projection, off by default] ")
     assert not any(d.startswith("[") for n in names[:names.index("erase_fraction")] if (d := fields[n].description))
     # the CLI's flat JSON, unchanged: each name lands in its section
     cfg = AAMTrainingConfig(epochs=7, w_lc=10.0, keep=11, keep_ridge=0.2, erase_w_temporal=0.5).train_config()
-    assert (cfg.loop.epochs, cfg.loop.w_lc, cfg.adapter["keep"], cfg.keep_ridge, cfg.erasure.erase_w_temporal) == \
+    assert (cfg.loop.epochs, cfg.loop.w_lc, cfg.adapter["keep"], cfg.keep_ridge, cfg.projection.erase_w_temporal) == \
         (7, 10.0, 11, 0.2, 0.5)
     with pytest.raises(ValueError, match=r"unknown training field\(s\) \['erase_fraktion'\]"):
         check_training_config({"erase_fraktion": 0.5})

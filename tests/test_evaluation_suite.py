@@ -440,7 +440,7 @@ def test_variant_configs():
     assert base.variant_train_config("default").adapter["keep"] == 11 and base.variant_train_config("default").adapter["recentre"]
     assert base.variant_train_config("no_recentre").adapter == {"keep": 11, "layers": 0, "mixer": "mlp", "recentre": False}
     prev = base.variant_train_config("previous_default")  # erasure of half the dims + 2 MLP blocks + critic
-    assert prev.adapter["keep"] == 0 and prev.adapter["layers"] == 2 and prev.erasure.erase_fraction == 0.5
+    assert prev.adapter["keep"] == 0 and prev.adapter["layers"] == 2 and prev.projection.erase_fraction == 0.5
     base = AblationConfig(epochs=5, erase_rank=12, layers=2, heads=4)
     paper = base.variant_train_config("paper")  # the paper's objective: fixed-cosine NT-Xent, no erasure
     assert paper.loop.privacy == "ntxent" and paper.adapter["erase_rank"] == 0 and paper.adapter["mixer"] == "attention"

@@ -15,10 +15,10 @@ from splavu_core.aam.training_data import TrainingData, TrainingDataError
 from splavu_core.tasks.features import VideoFeatures
 
 
-def fit_appearance_erasure(data: TrainingData, fit_idx: np.ndarray, rank: int, w_action: float = 1.0,
-                           w_temporal: float = 0.0):
-    """The erasure as aam_model fits it: the fit videos' static clips against the AR classes' spread
-    (and, with w_temporal, the training videos' within-video spread). Returns an erasure.ErasureFit."""
+def fit_appearance_projection(data: TrainingData, fit_idx: np.ndarray, rank: int, w_action: float = 1.0,
+                              w_temporal: float = 0.0):
+    """The appearance projection as aam_model fits it: the fit videos' static clips against the AR classes' spread
+    (and, with w_temporal, the training videos' within-video spread). Returns an appearance_projection.ErasureFit."""
     from splavu_core.aam.appearance_projection import fit_erasure
 
     clips = labels = None
@@ -32,7 +32,7 @@ def fit_appearance_erasure(data: TrainingData, fit_idx: np.ndarray, rank: int, w
 
 def fit_utility_keep(data: TrainingData, tasks, k: int, cfg: TrainConfig, transform=None):
     """The keep stage as aam_model fits it, with cfg's keep_* fields: the training videos of `tasks` (utility labels
-    only) and the static clips, unlabelled; `transform` (the erasure, when there is one) applied first."""
+    only) and the static clips, unlabelled; `transform` (the projection, when there is one) applied first."""
     from splavu_core.aam.keep import fit_keep
 
     f = transform or (lambda x: x)
@@ -119,10 +119,10 @@ def _load_buffers(module, **arrays) -> None:
 
 
 def fit_keep_into(adapter, data: TrainingData, cfg: TrainConfig, log) -> dict:
-    """The keep stage (fit_utility_keep, after the adapter's own erasure when it has one), installed into the adapter;
-    returns its record (k, tasks, the leading eigenvalues)."""
+    """The keep stage (fit_utility_keep, after the adapter's own projection when it has one), installed into the
+    adapter; returns its record (k, tasks, the leading eigenvalues)."""
     transform = None
-    if adapter.erase is not None:  # the keep stage sees what the adapter's own (fitted) erasure leaves
+    if adapter.erase is not None:  # the keep stage sees what the adapter's own (fitted) projection leaves
         def transform(x):
             with torch.no_grad():
                 return adapter.erase(torch.from_numpy(np.ascontiguousarray(x, np.float32))).numpy()
@@ -157,14 +157,14 @@ def fit_recentre_into(adapter, stage, data: TrainingData, cfg: TrainConfig, log)
             "gate": round(float(fit.gate), 4)}
 
 
-def fit_erasure_into(adapter, data: TrainingData, fit_idx: np.ndarray, cfg: TrainConfig, log) -> dict:
-    """The appearance projection (fit_appearance_erasure on the fit videos), installed into the adapter; returns its
+def fit_projection_into(adapter, data: TrainingData, fit_idx: np.ndarray, cfg: TrainConfig, log) -> dict:
+    """The appearance projection (fit_appearance_projection on the fit videos), installed into the adapter; returns its
     record (rank, the leading eigenvalues)."""
     rank = adapter.cfg.erase_rank
-    fit = fit_appearance_erasure(data, fit_idx, rank, cfg.erasure.erase_w_action, cfg.erasure.erase_w_temporal)
+    fit = fit_appearance_projection(data, fit_idx, rank, cfg.projection.erase_w_action, cfg.projection.erase_w_temporal)
     _load_buffers(adapter.erase, mean=fit.mean, read=fit.read, write=fit.write)
     ev = fit.eigenvalues
     if log:
-        log(f"erasure: removed {rank} appearance directions (ratio {ev[0]:.2f} .. {ev[rank - 1]:.2f}; "
+        log(f"appearance projection: removed {rank} appearance directions (ratio {ev[0]:.2f} .. {ev[rank - 1]:.2f}; "
             f"largest left {ev[rank]:.2f})")
     return {"rank": rank, "eigenvalues": [round(float(e), 4) for e in ev[:2 * rank + 1]]}

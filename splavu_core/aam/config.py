@@ -1,6 +1,6 @@
 """How aam_model fits an adapter: TrainConfig and its sections, by the stage that reads them.
 
-The top level holds what the default adapter (keep + recentring, a closed form: aam/closed_form.py) reads; `erasure`
+The top level holds what the default adapter (keep + recentring, a closed form: aam/closed_form.py) reads; `projection`
 the appearance-projection stage before it (off by default); `loop` what only adapters with a trained stage read (the
 paper's joint training loop, aam/paper_loop.py)."""
 from __future__ import annotations
@@ -18,12 +18,13 @@ PAIRS = ("static_static", "static_action", "both")
 
 
 @dataclass
-class ErasureConfig:
-    """The closed-form appearance erasure (aam/erasure.py), a stage before keep or the trained blocks. Off by default
-    (erase_fraction 0); on in the previous default and the keep_after_erasure variant."""
-    erase_fraction: float = documented(0.0, "erasure rank = round(fraction * D), unless adapter sets erase_rank")
-    erase_w_action: float = documented(1.0, "erasure fit: weight of the action-class scatter it must keep")
-    erase_w_temporal: float = documented(0.0, "erasure fit: weight of the within-video (over time) scatter it must "
+class ProjectionConfig:
+    """The closed-form appearance projection (aam/appearance_projection.py), a stage before keep or the trained
+    blocks. Off by default (erase_fraction 0); on in the previous default and the keep_after_erasure variant. Its
+    flat field names (erase_*) stay: stored train_config records and adapter configs name them."""
+    erase_fraction: float = documented(0.0, "projection rank = round(fraction * D), unless adapter sets erase_rank")
+    erase_w_action: float = documented(1.0, "projection fit: weight of the action-class scatter it must keep")
+    erase_w_temporal: float = documented(0.0, "projection fit: weight of the within-video (over time) scatter it must "
                                          "keep")
 
 
@@ -67,7 +68,7 @@ class LoopConfig:
 @dataclass
 class TrainConfig:
     """How aam_model fits an adapter. The fields at this level are the ones the default adapter (DEFAULT_ADAPTER:
-    keep + recentring, closed form) reads; `erasure` and `loop` hold what only other adapters read.
+    keep + recentring, closed form) reads; `projection` and `loop` hold what only other adapters read.
 
     The CLI's --config, Dagster and the stored record (adapter.json's extra.train_config) name every field flat;
     `from_flat`, `replace` and `flat` route a flat name to its section."""
@@ -92,9 +93,9 @@ class TrainConfig:
     recentre_cluster_clips: int = documented(50, "recentring on clips: training clips per centroid (fewer: finer "
                                              "centroids, more kept and less removed)")
     heldout_fraction: float = documented(0.2, "static-bearing training videos the diagnostics hold out (the "
-                                         "erasure fit and the loop do not see them)")
+                                         "projection fit and the loop do not see them)")
     diagnose_steps: int = documented(300, "training steps of each fresh diagnostic critic")
-    erasure: ErasureConfig = field(default_factory=ErasureConfig)
+    projection: ProjectionConfig = field(default_factory=ProjectionConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
 
     def __post_init__(self):
@@ -128,22 +129,22 @@ class TrainConfig:
         return copy.deepcopy(out)
 
 
-_SECTIONS = ("erasure", "loop")
+_SECTIONS = ("projection", "loop")
 # flat name -> the section holding it (None: TrainConfig itself)
 _FLAT = {**{f.name: None for f in dataclasses.fields(TrainConfig) if f.name not in _SECTIONS},
-         **{f.name: "erasure" for f in dataclasses.fields(ErasureConfig)},
+         **{f.name: "projection" for f in dataclasses.fields(ProjectionConfig)},
          **{f.name: "loop" for f in dataclasses.fields(LoopConfig)}}
-SECTION_TITLES = {None: "the default adapter (closed form)", "erasure": "the erasure stage (off by default)",
+SECTION_TITLES = {None: "the default adapter (closed form)", "projection": "the appearance projection (off by default)",
                   "loop": "trained adapters only (adapter layers > 0)"}
 
 
 def config_fields() -> list[tuple[str | None, dataclasses.Field, bool]]:
     """What a user sets (the CLI's --config, Dagster), by flat name, as (section, field, is an AAMConfig field, i.e. a
-    key of TrainConfig.adapter): the default adapter's (section None) first, then the erasure's, then the loop's.
+    key of TrainConfig.adapter): the default adapter's (section None) first, then the projection's, then the loop's.
     Left out: `adapter` itself (its keys are here), what training derives (AAMConfig dim, centroids) and the oracle
     flags, which only the `oracle` ablation variant sets."""
     out = []
-    for section, cls in ((None, TrainConfig), ("erasure", ErasureConfig), ("loop", LoopConfig)):
+    for section, cls in ((None, TrainConfig), ("projection", ProjectionConfig), ("loop", LoopConfig)):
         out += [(section, f, False) for f in dataclasses.fields(cls) if f.name not in ("adapter", "oracle", *_SECTIONS)]
         out += [(section, f, True) for f in dataclasses.fields(AAMConfig)
                 if f.metadata.get("section") == section and not f.metadata.get("derived")]

@@ -46,7 +46,7 @@ PREVIOUS_DEFAULT_ADAPTER = {"keep": 0, "layers": 2, "mixer": "mlp", "hidden": 25
 
 def documented(default, doc: str, **metadata):
     """A dataclass field with its description (metadata "doc", shown by the Dagster config and
-    docs/configuration.md) and any other metadata: "section" ("erasure" or "loop": the stage that alone reads it,
+    docs/configuration.md) and any other metadata: "section" ("projection" or "loop": the stage that alone reads it,
     see config.config_fields), "derived" (training sets it, not the user)."""
     return field(default=default, metadata={"doc": doc, **metadata})
 
@@ -65,8 +65,8 @@ class AAMConfig:
                            section="loop")
     clip_context: bool = documented(False, "also attend over the video's own clips; then anonymizing needs whole "
                                     "videos", section="loop")
-    erase_rank: int = documented(0, "k: a fitted linear erasure of k appearance directions runs first (0 = none)",
-                                 section="erasure")
+    erase_rank: int = documented(0, "k: a fitted linear projection removing k appearance directions runs first "
+                                 "(0 = none)", section="projection")
     mixer: str = documented("attention", "residual blocks: \"attention\" (sub-token attention) or \"mlp\" (per "
                             "clip; keep needs it)", section="loop")
     hidden: int = documented(256, "width of an \"mlp\" block (D -> hidden -> D)", section="loop")
@@ -225,7 +225,7 @@ class Block(nn.Module):
 class Erasure(nn.Module):
     """e(x) = x - ((x - mu) R) L^T: an oblique projection that removes k directions (rank-k update).
 
-    Fitted in closed form (`aam.erasure.fit_erasure`), then frozen: buffers, not parameters. All zeros
+    Fitted in closed form (`aam.appearance_projection.fit_erasure`), then frozen: buffers, not parameters. All zeros
     (unfitted) is exactly the identity. Linear and per clip, so it treats a static clip and a moving clip
     alike: it cannot learn to scramble only the clips the privacy loss looks at."""
 

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import torch
 
-from splavu_core.aam.closed_form import fit_erasure_into, fit_keep_into, fit_recentre_into, n_centroids
+from splavu_core.aam.closed_form import fit_keep_into, fit_projection_into, fit_recentre_into, n_centroids
 from splavu_core.aam.config import TrainConfig
 from splavu_core.aam.diagnostics import diagnose_adapter, heldout_split
 from splavu_core.aam.model import AAMConfig, AnonymizingAdapter
@@ -26,10 +26,10 @@ from splavu_core.aam.training_data import TrainingData, TrainingDataError, check
 
 
 def adapter_config(data: TrainingData, cfg: TrainConfig, log) -> AAMConfig:
-    """cfg.adapter with what training derives from the data: dim, the erasure rank (from erase_fraction, unless the
+    """cfg.adapter with what training derives from the data: dim, the projection rank (from erase_fraction, unless the
     adapter sets it) and recentring's centroids (recentring off when there are fewer than 2)."""
     adapter_kw = dict(cfg.adapter)
-    adapter_kw.setdefault("erase_rank", int(round(cfg.erasure.erase_fraction * data.dim)))
+    adapter_kw.setdefault("erase_rank", int(round(cfg.projection.erase_fraction * data.dim)))
     if adapter_kw.get("recentre"):  # on classes: the trained actions' (+ AD's); without task 'ar' there are none
         centroids = n_centroids(data, cfg.tasks, cfg)               # what fit_recentre will find
         if centroids >= 2:
@@ -64,7 +64,7 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
         fit_idx, held_idx = heldout_split(n_static, cfg.heldout_fraction, cfg.seed, minimum=min(32, n_static // 4))
     else:
         fit_idx, held_idx = np.arange(n_static), np.arange(0)
-    erasure = fit_erasure_into(adapter, data, fit_idx, cfg, log) if acfg.erase_rank else None
+    projection = fit_projection_into(adapter, data, fit_idx, cfg, log) if acfg.erase_rank else None
     keep = fit_keep_into(adapter, data, cfg, log) if acfg.keep else None
     # recentring is per video and fitted on what the other stages publish: trained blocks learn on lone clips
     # without it, and it is fitted after them (below)
@@ -96,9 +96,10 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
                 + ", ".join(f"{k} {diag['raw'][k]:.3f} -> {diag['selected'][k]:.3f}"
                             for k in diag["raw"] if k != "chance"))
     history, best = run["history"], run["selected_epoch"]
+    # the projection's record keeps its key "erasure": the summary is saved in adapter.json (extra)
     seconds = round(run["seconds"] + time.perf_counter() - t0, 2)  # the epochs, recentring and the last diagnostics
     return adapter, acfg, {
         "selected_epoch": best, "history": history, "seconds": seconds, "lc_scale": scale,
-        "train_config": cfg.flat(), "erasure": erasure, "keep": keep, "diagnostics": diag if diagnose else None,
+        "train_config": cfg.flat(), "erasure": projection, "keep": keep, "diagnostics": diag if diagnose else None,
         "heldout_videos": int(len(held_idx)), "final": history[best - 1] if best else {},
         "parameters": sum(p.numel() for p in adapter.parameters())}
