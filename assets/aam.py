@@ -10,7 +10,9 @@ from pydantic import Field, ValidationError, create_model
 from assets.resources import StoreResource
 from splavu_core.aam.io import adapter_version, save_adapter
 from splavu_core.aam.model import DEFAULT_ADAPTER, AAMConfig
-from splavu_core.aam.train import TASKS, TrainConfig, config_fields, load_training_data, train_aam
+from splavu_core.aam.config import TASKS, TrainConfig, config_fields
+from splavu_core.aam.train import train_aam
+from splavu_core.aam.training_data import load_training_data
 from splavu_core.evaluation.report import png_markdown
 from splavu_core.ingest.datasets import training_plan
 from splavu_core.store import costs
@@ -18,7 +20,7 @@ from splavu_core.store.ledger import record_version
 
 _TYPES = {"float": float, "int": int, "str": str, "bool": bool}
 # a field only some adapters read says which, first thing in its description
-_LABELS = {None: "", "erasure": "[erasure stage, off by default] ", "loop": "[trained adapters only] "}
+_LABELS = {None: "", "projection": "[appearance projection, off by default] ", "loop": "[trained adapters only] "}
 # chosen per store by datasets.training_plan when left unset
 _PLANNED = {"tasks", "selection"}
 
@@ -64,7 +66,7 @@ class _TrainingConfigMethods:
 
 AAMTrainingConfig = create_model(
     "AAMTrainingConfig", __base__=(dg.Config, _TrainingConfigMethods), __module__=__name__,
-    __doc__="How aam_model trains: splavu_core.aam.train.TrainConfig's fields (its erasure and loop sections flat, "
+    __doc__="How aam_model trains: splavu_core.aam.config.TrainConfig's fields (its projection and loop sections flat, "
             "each labelled) and the adapter's (splavu_core.aam.model.AAMConfig), with their defaults; plus which "
             "datasets serve which task.",
     **_config_fields())

@@ -48,6 +48,7 @@ from splavu_core.store.ledger import (
     clear_refusal,
     current_version,
     log_auto_promotion,
+    newest_version,
     promoted_versions,
     read_versions,
     record_refusal,
@@ -60,13 +61,6 @@ from splavu_core.store.ledger import (
 def registered_shards(store: FeatureStore) -> list[str]:
     """Every shard of every dataset registered in the store."""
     return sorted({s for reg in registered(store).values() for s in reg["shards"]})
-
-
-def newest_version(store: FeatureStore) -> str | None:
-    rows = read_versions(store).to_pylist()
-    if not rows:
-        return None
-    return max(rows, key=lambda r: (r["created_at"], r["version"]))["version"]
 
 
 def resolve_version(store: FeatureStore, requested: str = "") -> str:

@@ -18,6 +18,7 @@ import dagster as dg
 from pydantic import Field
 
 from assets.resources import StoreResource
+from splavu_core.aam.io import published_width
 from splavu_core.evaluation import trivial, unseen
 from splavu_core.evaluation.gates import evaluate_gates, privacy_measure_view, seen_tasks
 from splavu_core.evaluation.report import png_markdown, read_report, report_markdown, write_privacy_utility_report
@@ -28,7 +29,6 @@ from splavu_core.evaluation.suite import (
     UTILITY_KEYS,
     build_report,
     load_feature_sets,
-    newest_version,
     read_metric_rows,
     write_metric_rows,
 )
@@ -38,6 +38,7 @@ from splavu_core.settings import DEFAULT_PRIVACY_BUDGET, DEFAULT_UTILITY_GATE
 from splavu_core.store import costs
 from splavu_core.store.ledger import (
     current_version,
+    newest_version,
     privacy_threshold,
     record_verdict,
     retention_kept,
@@ -141,15 +142,6 @@ def evaluate_tasks(context, store: StoreResource, config: EvalConfig, tasks: tup
                      + " | ".join(fmt(by.get((o, r["task"], r["metric"]))) for o in others) + " |")
     md["table"] = dg.MetadataValue.md("\n".join(table))
     return dg.MaterializeResult(metadata=md)
-
-
-def published_width(store, version: str) -> int | None:
-    """The width of `version`'s published table (its adapter's keep k, else the latents' D)."""
-    try:
-        cfg = store.files.read_json(f"aam/{version}/adapter.json")["config"]
-    except FileNotFoundError:
-        return None
-    return int(cfg.get("keep") or cfg["dim"])
 
 
 def _width(feature_sets: dict) -> int | None:

@@ -1,5 +1,5 @@
-"""The erasure workflow, one step with two assets: erasure_request (the videos removed from every layer, checked, the
-receipt) and erasure_refit (when the current version was fitted on them: the same fit without them, published to
+"""The forget workflow, one step with two assets: forget_request (the videos removed from every layer, checked, the
+receipt) and forget_refit (when the current version was fitted on them: the same fit without them, published to
 every shard through both gates, checked again, the receipt completed). splavu_core/forget.py does the work; this
 module gives it the aam_model, anonymized_features and feature_catalog assets' own code to fit and publish with, and
 reports what they did as those assets' materializations.
@@ -35,14 +35,14 @@ class ForgetConfig(dg.Config):
                                                                   "(their rows removed) instead of retiring them")
 
 
-ERASURE_REQUEST = dg.AssetSpec(
-    "erasure_request", group_name="erasure", kinds={"zarr", "parquet"},
+FORGET_REQUEST = dg.AssetSpec(
+    "forget_request", group_name="forget", kinds={"zarr", "parquet"},
     description="Removes the videos of one erasure request from every layer of the store (raw latents, anonymized "
                 "tables, manifests, labels, caches, neighbour indexes, catalog), retires the AAM versions fitted on "
                 "them, reads every file back to check, and appends the receipt to the erasure log. A killed run is "
                 "completed by running it again.")
-ERASURE_REFIT = dg.AssetSpec(
-    "erasure_refit", deps=[ERASURE_REQUEST], group_name="erasure", kinds={"pytorch", "parquet"},
+FORGET_REFIT = dg.AssetSpec(
+    "forget_refit", deps=[FORGET_REQUEST], group_name="forget", kinds={"pytorch", "parquet"},
     description="When the current AAM version was fitted on the erased videos: the same fit on what is left "
                 "(aam_model's code), published to every shard (anonymized_features': promoted only if both gates "
                 "pass), the catalog rebuilt, every file read back again, the outcome appended to the receipt. "
@@ -89,15 +89,16 @@ def _request_id(context, config: ForgetConfig, feature_store) -> str | None:
     return rid
 
 
-@dg.multi_asset(specs=[ERASURE_REQUEST, ERASURE_REFIT], name="erasure")
-def erasure(context: dg.AssetExecutionContext, config: ForgetConfig, store: StoreResource):
+# the op is not named "forget": the `forget` job's graph has that name, and op / graph names share one namespace
+@dg.multi_asset(specs=[FORGET_REQUEST, FORGET_REFIT], name="forget_videos")
+def forget_videos(context: dg.AssetExecutionContext, config: ForgetConfig, store: StoreResource):
     feature_store = store.store()
     try:
         rid = _request_id(context, config, feature_store)
         if rid is None:
-            yield dg.MaterializeResult(asset_key="erasure_request", metadata={"request_id": "", "videos": 0,
+            yield dg.MaterializeResult(asset_key="forget_request", metadata={"request_id": "", "videos": 0,
                                                                               "check": "nothing to erase"})
-            yield dg.MaterializeResult(asset_key="erasure_refit", metadata={"refit": "not needed"})
+            yield dg.MaterializeResult(asset_key="forget_refit", metadata={"refit": "not needed"})
             return
         events = []
         train, publish = _refit_steps(context, feature_store, events)
@@ -105,10 +106,10 @@ def erasure(context: dg.AssetExecutionContext, config: ForgetConfig, store: Stor
             if stage == "erased":
                 if not out["check"]["clean"]:
                     raise dg.Failure(description=f"erasure request {rid}: {fg.check_line(out['check'])}")
-                yield dg.MaterializeResult(asset_key="erasure_request", metadata=erased_metadata(out))
+                yield dg.MaterializeResult(asset_key="forget_request", metadata=erased_metadata(out))
             else:
                 yield from events
-                yield dg.MaterializeResult(asset_key="erasure_refit", metadata=refit_metadata(feature_store, out, rid))
+                yield dg.MaterializeResult(asset_key="forget_refit", metadata=refit_metadata(feature_store, out, rid))
     except StoreError as e:  # one line for the CLI and the UI (fg.RefitError: the erasure itself stands)
         raise dg.Failure(description=str(e)) from e
 

@@ -25,7 +25,7 @@ GROUPS = {
     "baselines": "Pixel-space anonymizers (blur, blacken, 2x/4x downsampling) re-extracted through the same encoder into "
                  "stores of their own, scored beside splavu by the evaluation group.",
     "ablations": "The paper's ablation variants fitted and scored on the same cached latents, and their report.",
-    "erasure": "Forgetting videos or a subject (`splavu forget`, or the `forget` job from the UI): removed from every "
+    "forget": "Forgetting videos or a subject (`splavu forget`, or the `forget` job from the UI): removed from every "
                "layer, checked, receipted; then the adapter refitted without them when it had been fitted on them.",
 }
 

@@ -13,6 +13,7 @@ import dagster as dg
 from pydantic import Field
 
 from assets.resources import StoreResource
+from splavu_core.aam.io import stored_config
 from splavu_core.evaluation.keep_curve import DEFAULT_KS, curve_markdown, keep_curve, why_no_width
 from splavu_core.evaluation.report import png_markdown
 from splavu_core.store.feature_store import FeatureStore
@@ -34,13 +35,8 @@ class KeepCurveConfig(dg.Config):
 
 def published_k(store: FeatureStore, version: str | None) -> int | None:
     """The width a version publishes: its keep stage's k; None for a version without one (or none at all)."""
-    if not version:
-        return None
-    try:
-        k = store.files.read_json(f"aam/{version}/adapter.json")["config"].get("keep", 0)
-    except FileNotFoundError:
-        return None
-    return int(k) or None
+    config = stored_config(store, version)
+    return (config.keep or None) if config is not None else None
 
 
 @dg.asset(deps=[dg.AssetKey("clip_latents"), dg.AssetKey("static_latents"), dg.AssetKey("anonymized_features")],

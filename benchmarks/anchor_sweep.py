@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from splavu_core.aam.keep import apply_keep
-from splavu_core.aam.train import fit_utility_keep
+from splavu_core.aam.closed_form import fit_utility_keep
 from splavu_core.evaluation import trivial
 from splavu_core.evaluation.keep_curve import load_inputs, score_family
 from splavu_core.extract.encoders.vfm import DEMO_CHECKPOINT, load_encoder

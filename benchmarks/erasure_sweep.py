@@ -18,7 +18,8 @@ import time
 
 from splavu_core.aam.appearance_projection import apply_erasure
 from splavu_core.aam.diagnostics import heldout_split, pair_matching_report
-from splavu_core.aam.train import fit_appearance_erasure, load_training_data
+from splavu_core.aam.closed_form import fit_appearance_projection
+from splavu_core.aam.training_data import load_training_data
 from splavu_core.evaluation.scoring import score_sets
 from splavu_core.evaluation.suite import RAW, load_feature_sets, metric_value
 from splavu_core.ingest.datasets import task_datasets
@@ -56,7 +57,7 @@ def main():
     for rank in args.ranks:
         for wt in args.w_temporal:
             t0 = time.perf_counter()
-            fit = fit_appearance_erasure(data, fit_idx, rank, w_temporal=wt)
+            fit = fit_appearance_projection(data, fit_idx, rank, w_temporal=wt)
             erased = {d: [dataclasses.replace(v, feats=apply_erasure(fit, v.feats)) for v in vs] for d, vs in sets.items()}
             name = f"erasure_{rank}"
             rows = [r for r in score_sets({RAW: sets, name: erased}, args.tasks, ds, seeds=args.seeds,

@@ -17,7 +17,7 @@ import argparse
 import json
 import time
 
-from splavu_core.aam.train import TrainConfig
+from splavu_core.aam.config import TrainConfig
 from splavu_core.evaluation.keep_curve import (
     choose_ridge,
     family_sets,
@@ -35,7 +35,8 @@ from splavu_core.store.ledger import privacy_threshold, utility_fraction
 def variant_sets(store, data, raw, variants) -> tuple[dict, list[dict]]:
     """Ablation variants (pipeline/ablations.py) trained in memory, e.g. the paper's objective or the oracle."""
     from pipeline.ablations import AblationConfig
-    from splavu_core.aam.train import load_oracle_labels, train_aam
+    from splavu_core.aam.train import train_aam
+    from splavu_core.aam.training_data import load_oracle_labels
     from splavu_core.evaluation.suite import anonymize_videos
 
     sets, marks = {}, []

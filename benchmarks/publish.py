@@ -106,7 +106,7 @@ def adapter_config(dim: int, kind: str) -> AAMConfig:
     if kind == "previous":
         fields = {**PREVIOUS_DEFAULT_ADAPTER, "erase_rank": dim // 2}
     if fields.get("recentre"):
-        fields["classes"] = RECENTRE_CLASSES
+        fields["centroids"] = RECENTRE_CLASSES
     return AAMConfig(dim=dim, **fields)
 
 

@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from splavu_core.aam.keep import apply_keep, fit_recentre
-from splavu_core.aam.train import fit_utility_keep, n_centroids, recentre_classes
+from splavu_core.aam.closed_form import fit_utility_keep, n_centroids, recentre_classes
 from splavu_core.evaluation import trivial
 from splavu_core.evaluation.keep_curve import load_inputs, score_family
 from splavu_core.store.feature_store import FeatureStore

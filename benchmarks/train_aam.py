@@ -43,7 +43,9 @@ import pyarrow.parquet as pq
 import torch
 
 import splavu_core.aam.train as lib
-from splavu_core.aam.train import LoopConfig, TrainConfig, load_training_data, train_aam
+from splavu_core.aam.config import LoopConfig, TrainConfig
+from splavu_core.aam.train import train_aam
+from splavu_core.aam.training_data import load_training_data
 from splavu_core.extract.sampling import ClipSampling
 from splavu_core.extract.shards import decode_video
 from splavu_core.ingest.datasets import dataset_manifest, registered
@@ -121,8 +123,10 @@ class ReadLog:
 
 @contextlib.contextmanager
 def observed(reads: ReadLog):
-    """train_aam with its adapter, diagnostics and keep fit wrapped to log what they read; nothing else changes."""
+    """train_aam with its adapter, diagnostics and keep fit wrapped to log what they read; nothing else changes. The
+    diagnostics run in train_aam (the raw latents, the fitted adapter) and in the paper loop (during its epochs)."""
     from splavu_core.aam import keep as keep_mod
+    from splavu_core.aam import paper_loop
 
     class Adapter(lib.AnonymizingAdapter):
         def forward(self, h, mask=None):
@@ -133,7 +137,7 @@ def observed(reads: ReadLog):
     def diagnose(*a, **kw):
         reads.on = False
         try:
-            return real["_diagnose"](*a, **kw)
+            return real["diagnose_adapter"](*a, **kw)
         finally:
             reads.on = True
 
@@ -141,20 +145,22 @@ def observed(reads: ReadLog):
         reads.keep_fit_input(task_videos, static)
         return real["fit_keep"](task_videos, static, *a, **kw)
 
-    real = {"AnonymizingAdapter": lib.AnonymizingAdapter, "_diagnose": lib._diagnose, "fit_keep": keep_mod.fit_keep}
-    lib.AnonymizingAdapter, lib._diagnose, keep_mod.fit_keep = Adapter, diagnose, fit_keep
+    real = {"AnonymizingAdapter": lib.AnonymizingAdapter, "diagnose_adapter": lib.diagnose_adapter,
+            "fit_keep": keep_mod.fit_keep}
+    lib.AnonymizingAdapter, keep_mod.fit_keep = Adapter, fit_keep
+    lib.diagnose_adapter = paper_loop.diagnose_adapter = diagnose
     try:
         yield reads
     finally:
-        lib.AnonymizingAdapter, lib._diagnose, keep_mod.fit_keep = (real["AnonymizingAdapter"], real["_diagnose"],
-                                                                    real["fit_keep"])
+        lib.AnonymizingAdapter, keep_mod.fit_keep = real["AnonymizingAdapter"], real["fit_keep"]
+        lib.diagnose_adapter = paper_loop.diagnose_adapter = real["diagnose_adapter"]
 
 
 @contextlib.contextmanager
 def timed_fits():
-    """Seconds of train_aam's closed-form fits (keep, erasure): a closed-form adapter's whole work, which its summary's
-    loop seconds do not include."""
-    seconds, real = {}, {"keep": lib._fit_keep_into, "erasure": lib._fit_erasure_into}
+    """Seconds of train_aam's closed-form fits (keep, projection): a closed-form adapter's whole work, which its
+    summary's loop seconds do not include."""
+    seconds, real = {}, {"keep": lib.fit_keep_into, "projection": lib.fit_projection_into}
 
     def timer(name):
         def run(*a, **kw):
@@ -165,11 +171,11 @@ def timed_fits():
                 seconds[name] = time.perf_counter() - t
         return run
 
-    lib._fit_keep_into, lib._fit_erasure_into = timer("keep"), timer("erasure")
+    lib.fit_keep_into, lib.fit_projection_into = timer("keep"), timer("projection")
     try:
         yield seconds
     finally:
-        lib._fit_keep_into, lib._fit_erasure_into = real["keep"], real["erasure"]
+        lib.fit_keep_into, lib.fit_projection_into = real["keep"], real["projection"]
 
 
 def epoch_reads(data, cfg: TrainConfig) -> ReadLog:

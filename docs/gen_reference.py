@@ -6,7 +6,7 @@
 
 cli.md comes from the `splavu` argparse parser (`pipeline.cli.build_parser`), configuration.md from the fields of
 `splavu_core.settings.Settings` (their `env`, `doc` and `unit` metadata) and the training fields
-(`splavu_core.aam.train.config_fields`, their `doc` metadata). Both follow the code, so `--check` (run
+(`splavu_core.aam.config.config_fields`, their `doc` metadata). Both follow the code, so `--check` (run
 by tests/test_docs.py) fails when someone changes the code and forgets to regenerate them.
 
 results.md comes from a report JSON (`splavu evaluate`, `make demo`: store/reports/privacy_utility.json) and the gate
@@ -111,16 +111,16 @@ def render_configuration() -> str:
 
 
 def render_training() -> list[str]:
-    """The training fields, section by section as splavu_core.aam.train.config_fields orders them: the default
-    adapter's first, then those only the erasure stage or a trained adapter reads."""
+    """The training fields, section by section as splavu_core.aam.config.config_fields orders them: the default
+    adapter's first, then those only the appearance projection or a trained adapter reads."""
     from splavu_core.aam.model import DEFAULT_ADAPTER
-    from splavu_core.aam.train import SECTION_TITLES, config_fields
+    from splavu_core.aam.config import SECTION_TITLES, config_fields
 
     out = ["\n## Training configuration\n\n",
            "What `aam_model` fits is set per run, not by the environment: `splavu train --config JSON` and the "
-           "Dagster launchpad take these fields by name, flat (`splavu_core/aam/train.py`: `TrainConfig`, its "
-           "`erasure` and `loop` sections, and the adapter's `AAMConfig` fields, marked *adapter*). The default "
-           "adapter is a closed-form fit: the first table is what it reads (`erase_fraction` 0 keeps the erasure "
+           "Dagster launchpad take these fields by name, flat (`splavu_core/aam/config.py`: `TrainConfig`, its "
+           "`projection` and `loop` sections, and the adapter's `AAMConfig` fields, marked *adapter*). The default "
+           "adapter is a closed-form fit: the first table is what it reads (`erase_fraction` 0 keeps the projection "
            "off). Left unset, `tasks` and "
            "`selection` follow the data the store has registered (`splavu train` prints the plan).\n"]
     sections: dict = {}

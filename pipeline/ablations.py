@@ -2,7 +2,7 @@
 the privacy-utility report schema and its intervals (n_seeds probe seeds + a bootstrap over the test videos,
 every change paired with raw on the same seeds and resamples).
 
-    ablation_variant   static partitions, one per variant: trains its AAM (splavu_core.aam.train), anonymizes
+    ablation_variant   static partitions, one per variant: trains its AAM (splavu_core.aam.train.train_aam), anonymizes
                        the raw latents of every evaluation dataset IN MEMORY (nothing is published), runs the
                        evaluation suite and writes <root>/reports/ablations/variants/<variant>.json
     ablation_report    collects every variant row into <root>/reports/ablations.json (+ .md, .png)
@@ -30,7 +30,8 @@ from assets.evaluation import ProbeSettings
 from assets.resources import StoreResource
 from splavu_core.aam.io import adapter_version
 from splavu_core.aam.model import PREVIOUS_DEFAULT_ADAPTER
-from splavu_core.aam.train import load_oracle_labels, load_training_data, train_aam
+from splavu_core.aam.train import train_aam
+from splavu_core.aam.training_data import load_oracle_labels, load_training_data
 from splavu_core.evaluation.report import ablation_markdown, png_markdown, write_ablation_report
 from splavu_core.evaluation.scoring import score_sets
 from splavu_core.evaluation.suite import (

@@ -21,13 +21,13 @@ import argparse
 import json
 import re
 import shlex
-import shutil
 import sys
 import time
 from pathlib import Path
 
 from tqdm import tqdm
 
+from pipeline import demo
 from splavu_core.extract.encoders import DEMO_ENCODERS
 from splavu_core.ingest.datasets import describe_registration, parse_roles, registered, registration, training_plan
 from splavu_core.ingest.manifest import ManifestError
@@ -38,13 +38,11 @@ from splavu_core.serve.catalog import CatalogError, build_catalog, catalog_path,
 from splavu_core.serve.neighbors import NeighborsError, search
 from splavu_core.serve.tables import format_table
 from splavu_core.settings import settings
-from splavu_core.store import costs
 from splavu_core.store.feature_store import FeatureStore, StoreError
 from splavu_core.store.ledger import (
     PublishError,
     current_version,
     gates_passed,
-    newest_version,
     promote,
     read_verdicts,
     read_versions,
@@ -362,94 +360,55 @@ def cmd_baselines(args) -> int:
     return 0 if args.no_evaluate else cmd_evaluate(args)
 
 
-# The default demo's datasets, and the groups behind `--with` / `--full`: on the demo world the Bias-F/M sets
-# (3,000 clips) gave raw features no measurable gap (2.0 [0.0, 7.5] points) and gait retrieval is at chance,
-# so they cost a fifth of the extraction for rows without signal (issue 26); the report says they were not run
-DEMO_DATASETS = ("ar", "privacy", "tad", "ad")
-DEMO_EXTRAS = {"bias": ("bias_f", "bias_m"), "gait": ("gait",)}
-DEMO_EXTRA_WHY = {"bias": "Bias-F/M gap rows; raw features showed no measurable gap on this world",
-                  "gait": "gait top-1 row; raw retrieval is at chance on this world"}
-# The demo's keep curve: the default width and one either side, the default's kind (recentring), raw and the default's
-# scores taken from the gates' measurement in the same process (`splavu curve` scores the whole family)
-DEMO_CURVE = {"ks": [8, 11, 14], "mark_current": False, "reuse_gates": True}
-
-
-def demo_datasets(extras: str | None, full: bool = False) -> tuple[list[str], dict[str, str]]:
-    """(datasets in DATASETS order, {group left out: why}) for `--with GROUP,...` / `--full`."""
-    chosen = list(DEMO_EXTRAS) if full else [x.strip() for x in (extras or "").split(",") if x.strip()]
-    unknown = [x for x in chosen if x not in DEMO_EXTRAS]
-    if unknown:
-        raise StoreError(f"--with: unknown group(s) {unknown}; choose from {', '.join(DEMO_EXTRAS)}")
-    names = [d for d in DATASETS if d in DEMO_DATASETS or any(d in DEMO_EXTRAS[x] for x in chosen)]
-    left = {x: f"{DEMO_EXTRA_WHY[x]}; `splavu demo --with {x}` or `--full` runs it"
-            for x in DEMO_EXTRAS if x not in chosen}
-    return names, left
-
-
 def cmd_demo(args) -> int:
+    """Every step on the synthetic benchmark, each by its own command, in order (pipeline/demo.py: the plan, the
+    stages' clock and their record)."""
     r = _runner()
     data = Path(args.data)
-    names, left_out = demo_datasets(args.extras, args.full)
-    t0 = time.perf_counter()
-    stages: dict[str, float | None] = {"install": _install_seconds()}
-    mark = [time.perf_counter()]
-
-    def lap(stage: str) -> None:
-        now = time.perf_counter()
-        stages[stage] = now - mark[0]
-        mark[0] = now
-
-    if args.regenerate:  # only the benchmark's own dataset folders
-        for name in names:
-            shutil.rmtree(data / name, ignore_errors=True)
+    names, left_out = demo.demo_datasets(args.extras, args.full)
+    clock = demo.StageClock()
+    if args.regenerate:
+        demo.remove_datasets(data, names)
     print(f"1/7 synthesising the benchmark: {', '.join(names)} (only videos not already there)")
     for group, why in left_out.items():
         print(f"  not in this demo: {group} ({why})")
     # videos only: the person masks are for `splavu baselines --masks rendered` (splavu synth adds them then)
     cmd_synth(argparse.Namespace(out=str(data), scale=args.scale, seed=args.seed, workers=None,
                                  datasets=names, quiet=False, benchmark=args.benchmark, masks=False))
-    lap("synth")
+    clock.lap("synth")
     store = r.StoreResource(root=_store_root(args))
-    inst = r.instance()
-    keys = []
-    for name in names:
-        keys += r.ingest(inst, store, name, str(data / name / "manifest.csv"), args.shard_size)
+    keys = demo.ingest_datasets(r, store, data, names, args.shard_size)
     encoder = DEMO_ENCODERS[args.encoder]
     print(f"\n2/7 extracting raw latents of {len(keys)} shards into {store.root} (shipped VideoMAE '{args.encoder}': "
           f"{encoder.name})")
     rows = _extract(store, r.EncoderResource(checkpoint=str(encoder)), keys)  # static clips where roles say training reads them
     print(f"  {sum(x['clips'] for x in rows)} clip latents + {sum(x['static_clips'] for x in rows)} static, "
           f"{sum(x['quarantined'] for x in rows)} quarantined "
-          f"[{time.perf_counter() - t0:.0f} s]")
-    lap("extract")
+          f"[{clock.elapsed():.0f} s]")
+    clock.lap("extract")
     print("\n3/7 training the anonymizing adapter from cached latents")
     print(f"  {_training_preflight(store.store(), {})}")
     _train_aam(store, {})  # the defaults: splavu_core.aam.model.DEFAULT_ADAPTER (docs/method.md: how they were chosen)
-    lap("fit")
-    print(f"\n4/7 publishing anonymized feature tables and the DuckDB catalog [{time.perf_counter() - t0:.0f} s]")
+    clock.lap("fit")
+    print(f"\n4/7 publishing anonymized feature tables and the DuckDB catalog [{clock.elapsed():.0f} s]")
     out = cmd_publish(argparse.Namespace(store=store.root, version=None), quiet_return=True)
-    lap("publish")
-    stages["gates"] = gate_seconds(out)
-    if stages["gates"] is not None:
-        stages["publish"] -= stages["gates"]
-    print(f"\n5/7 evaluating raw vs anonymized features [{time.perf_counter() - t0:.0f} s]")
-    cmd_evaluate(argparse.Namespace(store=store.root, version=_demo_version(store.store()), seed=0))
-    lap("evaluate")
-    print(f"\n6/7 the keep family's curve on validation, k = {', '.join(map(str, DEMO_CURVE['ks']))} "
-          f"[{time.perf_counter() - t0:.0f} s]")
-    print(f"  {curve_verdict(*_keep_curve(store.root, DEMO_CURVE))}")
-    lap("curve")
+    clock.lap("publish")
+    clock.split_gates(out)
+    print(f"\n5/7 evaluating raw vs anonymized features [{clock.elapsed():.0f} s]")
+    cmd_evaluate(argparse.Namespace(store=store.root, version=demo.demo_version(store.store()), seed=0))
+    clock.lap("evaluate")
+    print(f"\n6/7 the keep family's curve on validation, k = {', '.join(map(str, demo.DEMO_CURVE['ks']))} "
+          f"[{clock.elapsed():.0f} s]")
+    print(f"  {curve_verdict(*_keep_curve(store.root, demo.DEMO_CURVE))}")
+    clock.lap("curve")
     feature_store = store.store()
-    demo = costs.record_demo(feature_store, stages, left_out, datasets=names, scale=args.scale, seed=args.seed)
-    _add_demo_to_report(feature_store, demo)
+    record = demo.record(feature_store, clock.stages, left_out, datasets=names, scale=args.scale, seed=args.seed)
     print("7/7 an analyst's query (read-only DuckDB catalog):")
-    sql = ("SELECT task, metric, feature_set, round(value, 3) AS value FROM metrics "
-           "WHERE metric IN ('top1', 'mAP', 'auc', 'cmap', 'leakage_removed') AND task IN ('ar', 'tad', 'ad', 'privacy') "
-           "ORDER BY task, metric, feature_set")
-    print(f"  splavu sql \"{sql}\"")
-    print(format_table(query(feature_store, sql)))
-    print("\nstages (wall s): " + ", ".join(f"{k} {'—' if v is None else f'{v:.0f}'}" for k, v in demo["stages"].items()))
-    print(f"done in {time.perf_counter() - t0:.0f} s; `splavu sql`, `splavu neighbors`, `dagster dev` to explore")
+    print(f"  splavu sql \"{demo.ANALYST_SQL}\"")
+    print(format_table(query(feature_store, demo.ANALYST_SQL)))
+    print("\nstages (wall s): " + ", ".join(f"{k} {'—' if v is None else f'{v:.0f}'}"
+                                           for k, v in record["stages"].items()))
+    print(f"done in {clock.elapsed():.0f} s; `splavu sql`, `splavu neighbors`, `dagster dev` to explore")
     return 0
 
 
@@ -462,42 +421,6 @@ def curve_verdict(md: dict, res) -> str:
     why = [] if md["chosen_k"] else [c.description for c in evals if not c.passed and c.description]
     return "\n  ".join([f"{picks}; {current} ({', '.join(checks)}); {md['path']} (+ .png), in the UI under "
                         f"keep_family_curve"] + [line for d in why for line in d.splitlines()])
-
-
-def _install_seconds() -> float | None:
-    """`make demo` passes its setup's wall time (SPLAVU_INSTALL_SECONDS); None when run otherwise."""
-    return settings().install_seconds
-
-
-def gate_seconds(out: dict) -> float | None:
-    """The blocking gates' share of a publish: the gated shard run's time beyond the median ungated one (the gates
-    run as asset checks inside that run, so they have no clock of their own); None with no ungated run to compare."""
-    runs = out.get("run_seconds", {}).values()
-    gated = [x["seconds"] for x in runs if x["gates"]]
-    plain = sorted(x["seconds"] for x in runs if not x["gates"])
-    if not gated or not plain:
-        return None
-    return max(0.0, sum(gated) - len(gated) * plain[len(plain) // 2])
-
-
-def _add_demo_to_report(store, demo: dict) -> None:
-    """The report was written by the evaluate step, before the demo knew that step's time: add the demo's stages to
-    its cost section now (the same report otherwise)."""
-    # here: the report module imports torch, which the analysts' commands never need
-    from splavu_core.evaluation.report import read_report, write_privacy_utility_report
-
-    try:
-        report = read_report(store)
-    except FileNotFoundError:
-        return
-    if report.get("costs") is not None:
-        report["costs"]["demo"] = demo
-        write_privacy_utility_report(store, report)
-
-
-def _demo_version(store) -> str | None:
-    """The demo scores the current version, else (all refused) the newest, and says which."""
-    return current_version(store) or newest_version(store)
 
 
 def _catalog_store(args):
@@ -581,9 +504,9 @@ def _forget(store, request_id: str, note: str = "") -> str:
     r = _runner()
     print(f"erasure request {request_id}{f' ({note})' if note else ''}: the `forget` job", flush=True)
     out = r.run_forget(r.instance(), r.StoreResource(root=str(store.root)), request_id)
-    summary = out.get("erasure_request", {}).get("summary", {})
-    if "erasure_request" in out:
-        md = out["erasure_request"]
+    summary = out.get("forget_request", {}).get("summary", {})
+    if "forget_request" in out:
+        md = out["forget_request"]
         for layer, t in md["layers"].items():
             print(f"  {layer:15s} {t['items']:4d} item(s)  rows removed {t['rows_removed']:7d}  files removed "
                   f"{t['files_removed']:4d}  bytes rewritten {t['bytes_written']:10d}")
@@ -593,7 +516,7 @@ def _forget(store, request_id: str, note: str = "") -> str:
             print("refitting the adapter without them (it was the current version and was fitted on them)")
     if "aam_model" in out:
         print(f"  {train_line(out['aam_model'])}")
-    refit = out.get("erasure_refit", {})
+    refit = out.get("forget_refit", {})
     if refit.get("refit") == "done":
         version = refit["version"]
         print(f"  {publish_summary({'version': version, 'shards': refit['shards']})}")
@@ -711,7 +634,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmark", default=DEFAULT_BENCHMARK, choices=sorted(BENCHMARKS))
     p.add_argument("--regenerate", action="store_true")
     p.add_argument("--with", dest="extras", metavar="GROUPS",
-                   help=f"also run these dataset groups, comma-separated ({', '.join(DEMO_EXTRAS)}); not by default")
+                   help=f"also run these dataset groups, comma-separated ({', '.join(demo.DEMO_EXTRAS)}); not by default")
     p.add_argument("--full", action="store_true", help="every dataset of the benchmark (= --with bias,gait)")
     p.add_argument("--encoder", default="demo", choices=sorted(DEMO_ENCODERS),
                    help="the shipped encoder: 'demo' (trained with appearance heads) or 'action' (actions + masked "
@@ -790,8 +713,8 @@ def _expected_error(e: BaseException) -> BaseException | None:
     """The user-facing error inside `e` (Dagster wraps what an asset raised), or None for a bug."""
     expected = [ManifestError, StoreError, PixelError, BenchmarkMismatch]
     # these two are raised only by code that imported their module: recognised without importing it (seconds)
-    if "splavu_core.aam.train" in sys.modules:
-        expected.append(sys.modules["splavu_core.aam.train"].TrainingDataError)
+    if "splavu_core.aam.training_data" in sys.modules:
+        expected.append(sys.modules["splavu_core.aam.training_data"].TrainingDataError)
     if "dagster" in sys.modules:
         expected.append(sys.modules["dagster"].Failure)
     seen = set()

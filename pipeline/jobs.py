@@ -23,7 +23,7 @@ pixel_baselines_job = dg.define_asset_job(
                 "2x/4x downsampling) into its own store; then run `evaluate` to score them beside raw and splavu.")
 
 forget_job = dg.define_asset_job(
-    "forget", selection=dg.AssetSelection.assets("erasure_request", "erasure_refit"),
+    "forget", selection=dg.AssetSelection.assets("forget_request", "forget_refit"),
     description="Forget videos or a subject (config: videos / subjects and a reason, or the request_id `splavu forget` "
                 "opened): remove them from every layer, retire the AAM versions fitted on them, check, log the "
                 "receipt; then, when the current version was fitted on them, refit it without them, publish it to "

@@ -19,7 +19,7 @@ from pathlib import Path
 import dagster as dg
 
 from assets.aam import check_training_config  # noqa: F401  (the CLI)
-from assets.anonymized import newest_version, registered_shards, resolve_version  # noqa: F401  (newest_version: the CLI)
+from assets.anonymized import registered_shards, resolve_version
 from assets.evaluation import EVAL_ASSETS, GATE_CHECKS, privacy_utility_report
 from assets.partitions import shards
 from assets.resources import EncoderResource, StoreResource
@@ -190,13 +190,13 @@ def run_reanonymize(inst: dg.DagsterInstance, store: StoreResource, version: str
 
 def run_forget(inst: dg.DagsterInstance, store: StoreResource, request_id: str) -> dict:
     """The `forget` job on one journaled request (erase, then the refit it calls for). Returns {asset: its metadata
-    values} for what the run materialized: erasure_request, erasure_refit, and what the refit reported as aam_model,
+    values} for what the run materialized: forget_request, forget_refit, and what the refit reported as aam_model,
     feature_catalog and anonymized_features ({shard: values}); plus "error": (expected, one line) when it failed
     (expected: an error of the request or the store, which the asset reported as a Failure; else a bug)."""
-    res = run_job(inst, "forget", store, run_config={"ops": {"erasure": {"config": {"request_id": request_id}}}},
+    res = run_job(inst, "forget", store, run_config={"ops": {"forget_videos": {"config": {"request_id": request_id}}}},
                   raise_on_error=False)
     out: dict = {}
-    for m in res.asset_materializations_for_node("erasure"):
+    for m in res.asset_materializations_for_node("forget_videos"):
         values = {k: v.value for k, v in m.metadata.items()}
         if m.partition:
             out.setdefault(m.asset_key.to_user_string(), {})[m.partition] = values

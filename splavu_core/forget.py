@@ -1,7 +1,7 @@
 """Erasure: remove videos (or every video of a subject) from every layer of the store (`splavu forget`).
 
 A request is opened (`open_request`: validated ids, a journal, tombstones first so that nothing brings the videos
-back meanwhile) and then run to completion (`run_request`, the `forget` job's `erasure` asset), layer by layer:
+back meanwhile) and then run to completion (`run_request`, the `forget` job's `forget_request` asset), layer by layer:
 
     versions    AAM versions fitted on the videos (they were training / validation videos of a training dataset):
                 retired in the ledger, their tables, adapter, gate cache and neighbour index deleted; or kept on

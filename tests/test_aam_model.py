@@ -72,6 +72,26 @@ def test_config_validation_and_roundtrip():
         AAMConfig.from_dict({**cfg.to_dict(), "dropout": 0.1})
 
 
+
+def test_centroids_read_from_adapters_stored_as_classes_and_their_version_is_unchanged():
+    """AAMConfig.classes was renamed centroids: adapter.json files written before hold "classes". Reading accepts both
+    names, writing uses the new one, and the content hash reads the name before, so no version id changes."""
+    cfg = AAMConfig(dim=32, keep=8, layers=0, mixer="mlp", recentre=True, centroids=5)
+    stored_before = {**{k: v for k, v in cfg.to_dict().items() if k != "centroids"}, "classes": 5}
+    assert "centroids" in cfg.to_dict() and "classes" not in cfg.to_dict()
+    assert AAMConfig.from_dict(stored_before) == cfg
+    assert cfg.to_dict(names_before=True) == stored_before
+    with pytest.raises(ValueError, match="both"):
+        AAMConfig.from_dict({**stored_before, "centroids": 5})
+    adapter = AnonymizingAdapter(cfg)
+
+    class StoredBefore:  # the config as an adapter.json written before the rename holds it
+        def to_dict(self, names_before=False):
+            return stored_before
+
+    tensors = aam_io._state_tensors(adapter, cfg)
+    assert adapter_version(adapter, cfg, "fp") == aam_io._content_hash(tensors, StoredBefore(), "fp")
+
 def test_bad_inputs_are_refused_at_the_boundary():
     m = AnonymizingAdapter(AAMConfig(**SMALL))
     with pytest.raises(AssertionError, match="D=48"):

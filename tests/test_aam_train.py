@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from splavu_core.aam.train import TrainConfig, TrainingData, TrainingDataError, check_data, train_aam
+from splavu_core.aam.config import TrainConfig
+from splavu_core.aam.train import train_aam
+from splavu_core.aam.training_data import TrainingData, TrainingDataError, check_data
 from splavu_core.tasks.features import VideoFeatures
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,7 +109,7 @@ def test_refusals_before_training():
 def test_missing_shards_and_unknown_datasets_are_refused(tiny_store, tmp_path):
     import shutil
 
-    from splavu_core.aam.train import load_training_data
+    from splavu_core.aam.training_data import load_training_data
     from splavu_core.store.feature_store import FeatureStore
 
     copy = tmp_path / "store"
@@ -122,7 +124,7 @@ def test_missing_shards_and_unknown_datasets_are_refused(tiny_store, tmp_path):
 def test_other_encoder_latents_are_refused(tiny_store, tmp_path):
     import shutil
 
-    from splavu_core.aam.train import load_training_data
+    from splavu_core.aam.training_data import load_training_data
     from splavu_core.store.feature_store import FeatureStore, StoreError
 
     copy = tmp_path / "store"
@@ -221,7 +223,7 @@ def test_default_adapter_fit_reads_no_static_clip_beyond_the_diagnostics(tiny_st
     """Why the demo extracts K = 4 static clips per training video, not 10: the default (keep) adapter is fitted
     from utility labels; its weights are the same whether it sees 10 static clips per video, 4, or 2 (only the
     pair-matching diagnostics, which draw 2 of K, read them). So the headline figures cannot depend on K."""
-    from splavu_core.aam.train import load_training_data
+    from splavu_core.aam.training_data import load_training_data
     from splavu_core.store.feature_store import FeatureStore
 
     data = load_training_data(FeatureStore(tiny_store))
@@ -260,7 +262,7 @@ def test_flat_names_route_to_their_section_and_the_record_keeps_its_layout():
     assert cfg.flat() == FLAT_RECORD and config_key(cfg.flat()) == config_key(FLAT_RECORD)
     assert TrainConfig.from_flat(FLAT_RECORD) == cfg  # a stored record reads back as the config it came from
     c = TrainConfig.from_flat({"epochs": 5, "w_lc": 10.0, "keep_ridge": 0.1, "erase_fraction": 0.5})
-    assert (c.loop.epochs, c.loop.w_lc, c.keep_ridge, c.erasure.erase_fraction) == (5, 10.0, 0.1, 0.5)
+    assert (c.loop.epochs, c.loop.w_lc, c.keep_ridge, c.projection.erase_fraction) == (5, 10.0, 0.1, 0.5)
     assert c.replace(selection="last").loop == dataclasses.replace(c.loop, selection="last")
     with pytest.raises(ValueError, match=r"unknown training field\(s\) \['epoch'\]; valid: tasks, seed"):
         TrainConfig.from_flat({"epoch": 5})
@@ -276,11 +278,11 @@ def test_the_dagster_config_shows_the_defaults_fields_first_and_labels_the_rest(
     assert fields["keep_ridge"].description.startswith("keep fit: shrinkage")  # the field's doc metadata
     assert fields["epochs"].description.startswith("[trained adapters only] ")
     assert fields["hidden"].description.startswith("adapter: [trained adapters only] ")
-    assert fields["erase_w_action"].description.startswith("[erasure stage, off by default] ")
+    assert fields["erase_w_action"].description.startswith("[appearance projection, off by default] ")
     assert not any(d.startswith("[") for n in names[:names.index("erase_fraction")] if (d := fields[n].description))
     # the CLI's flat JSON, unchanged: each name lands in its section
     cfg = AAMTrainingConfig(epochs=7, w_lc=10.0, keep=11, keep_ridge=0.2, erase_w_temporal=0.5).train_config()
-    assert (cfg.loop.epochs, cfg.loop.w_lc, cfg.adapter["keep"], cfg.keep_ridge, cfg.erasure.erase_w_temporal) == \
+    assert (cfg.loop.epochs, cfg.loop.w_lc, cfg.adapter["keep"], cfg.keep_ridge, cfg.projection.erase_w_temporal) == \
         (7, 10.0, 11, 0.2, 0.5)
     with pytest.raises(ValueError, match=r"unknown training field\(s\) \['erase_fraktion'\]"):
         check_training_config({"erase_fraktion": 0.5})
@@ -290,7 +292,7 @@ def test_the_default_adapter_reads_no_loop_or_erasure_fit_field():
     """Every field of the erasure and loop sections but the erasure's switch changed: the default adapter's weights
     and version stay; a field of its own (keep_ridge) changes them."""
     from splavu_core.aam.io import adapter_version
-    from splavu_core.aam.train import config_fields
+    from splavu_core.aam.config import config_fields
 
     other = {"selection": "last", "epochs": 1, "batch": 7, "lr": 0.5, "head_lr": 0.5, "pretrain_head_epochs": 1,
              "w_lc": 3.0, "w_ar": 0.0, "w_tad": 0.0, "w_ad": 0.0, "w_b": 0.0, "privacy": "ntxent",

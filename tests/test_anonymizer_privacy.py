@@ -61,7 +61,9 @@ def test_pair_matching_sees_identity_and_its_removal():
 
 def _train(store, **over):
     from splavu_core.aam.io import adapter_version
-    from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
+    from splavu_core.aam.config import TrainConfig
+    from splavu_core.aam.train import train_aam
+    from splavu_core.aam.training_data import load_training_data
 
     adapter, acfg, summary = train_aam(load_training_data(store, tad=None, ad=None), TrainConfig.from_flat({**SMALL, **over}),
                                        log=None)
@@ -105,7 +107,9 @@ def test_training_never_reads_private_attribute_labels(store_copy):
 
 def test_oracle_is_refused_by_publish_and_promotion(store_copy):
     from splavu_core.aam.io import save_adapter
-    from splavu_core.aam.train import TrainConfig, TrainingDataError, load_oracle_labels, load_training_data, train_aam
+    from splavu_core.aam.config import TrainConfig
+    from splavu_core.aam.train import train_aam
+    from splavu_core.aam.training_data import TrainingDataError, load_oracle_labels, load_training_data
     from splavu_core.publish.anonymized_tables import anonymize_shard
     from splavu_core.store.ledger import PublishError, record_version
 

@@ -149,7 +149,7 @@ def test_version_metrics_name_losses_as_losses():
 def test_demo_leaves_out_bias_and_gait_by_default_and_the_report_says_so(tmp_path):
     """The default demo runs ar, privacy, tad, ad; --with / --full add the Bias-F/M and gait sets. What was left
     out, and each stage's wall time, land in the report's cost section (not omitted silently)."""
-    from pipeline.cli import demo_datasets
+    from pipeline.demo import demo_datasets
     from splavu_core.evaluation.report import costs_markdown
     from splavu_core.store import costs
     from splavu_core.store.feature_store import FeatureStore, StoreError

@@ -340,7 +340,9 @@ def trained(tiny_store, instance, tmp_path_factory):
     """tiny_store with a small AAM recorded and every shard but ar-000 published (outside the compared runs);
     the privacy-budget measurements the promotion gate and the check ask for are cached in the store."""
     from splavu_core.aam.io import adapter_version, save_adapter
-    from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
+    from splavu_core.aam.config import TrainConfig
+    from splavu_core.aam.train import train_aam
+    from splavu_core.aam.training_data import load_training_data
     from splavu_core.evaluation.gates import measure_gates
     from splavu_core.publish.anonymized_tables import anonymize_shard
     from splavu_core.store.feature_store import FeatureStore

@@ -38,7 +38,9 @@ def _copy(src, dst):
 def trained(tiny_store, tmp_path_factory):
     """A copy of tiny_store with one (tiny) trained AAM recorded, nothing published."""
     from splavu_core.aam.io import save_adapter
-    from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
+    from splavu_core.aam.config import TrainConfig
+    from splavu_core.aam.train import train_aam
+    from splavu_core.aam.training_data import load_training_data
     from splavu_core.store.ledger import record_version
 
     store = _copy(tiny_store, tmp_path_factory.mktemp("trained") / "store")
@@ -438,7 +440,7 @@ def test_variant_configs():
     assert base.variant_train_config("default").adapter["keep"] == 11 and base.variant_train_config("default").adapter["recentre"]
     assert base.variant_train_config("no_recentre").adapter == {"keep": 11, "layers": 0, "mixer": "mlp", "recentre": False}
     prev = base.variant_train_config("previous_default")  # erasure of half the dims + 2 MLP blocks + critic
-    assert prev.adapter["keep"] == 0 and prev.adapter["layers"] == 2 and prev.erasure.erase_fraction == 0.5
+    assert prev.adapter["keep"] == 0 and prev.adapter["layers"] == 2 and prev.projection.erase_fraction == 0.5
     base = AblationConfig(epochs=5, erase_rank=12, layers=2, heads=4)
     paper = base.variant_train_config("paper")  # the paper's objective: fixed-cosine NT-Xent, no erasure
     assert paper.loop.privacy == "ntxent" and paper.adapter["erase_rank"] == 0 and paper.adapter["mixer"] == "attention"

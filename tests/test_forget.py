@@ -202,16 +202,16 @@ def test_forget_a_training_subject_through_the_job_as_the_ui_launches_it(env):
     ids = {r["video_id"] for r in rows if r.get("subject_id") == subject}
     vectors = vectors_of(env.feature_store, ids)
     before = current_version(env.feature_store)
-    res = runner.run_job(env.inst, "forget", env.store, run_config={"ops": {"erasure": {"config": {
+    res = runner.run_job(env.inst, "forget", env.store, run_config={"ops": {"forget_videos": {"config": {
         "subjects": [subject], "reason": "consent withdrawn"}}}})
     assert res.success
     run = env.inst.get_run_by_id(res.run_id)
     assert run.remote_job_origin.repository_origin.get_label() == runner.REPOSITORY_LABEL
     mats = {}
-    for m in res.asset_materializations_for_node("erasure"):
+    for m in res.asset_materializations_for_node("forget_videos"):
         mats.setdefault(m.asset_key.to_user_string(), []).append({k: v.value for k, v in m.metadata.items()})
-    assert {"erasure_request", "erasure_refit", "aam_model", "anonymized_features", "feature_catalog"} <= set(mats)
-    (erased,), (refit,) = mats["erasure_request"], mats["erasure_refit"]
+    assert {"forget_request", "forget_refit", "aam_model", "anonymized_features", "feature_catalog"} <= set(mats)
+    (erased,), (refit,) = mats["forget_request"], mats["forget_refit"]
     assert erased["videos"] == len(ids) and "none holds any of the" in erased["check"]
     assert refit["refit"] == "done" and refit["current"] and "none holds any of the" in refit["check"]
     assert all(g["passed"] for g in refit["gates"].values())

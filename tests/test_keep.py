@@ -115,7 +115,10 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store, 
     rows do not depend on the other videos of its batch; on either kind of centroid."""
     import torch
 
-    from splavu_core.aam.train import TrainConfig, fit_closed_form, load_training_data, n_centroids, train_aam
+    from splavu_core.aam.closed_form import fit_closed_form, n_centroids
+    from splavu_core.aam.config import TrainConfig
+    from splavu_core.aam.train import train_aam
+    from splavu_core.aam.training_data import load_training_data
     from splavu_core.evaluation.suite import anonymize_videos
     from splavu_core.publish.anonymized_tables import load_video_features
 
@@ -126,8 +129,8 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store, 
     adapter, acfg, summary = train_aam(data, cfg, log=None)
     clips = sum(len(v.feats) for v in data.ar_train + data.tad_train)
     want = len(data.classes) if on == "classes" else clips // 16
-    assert acfg.recentre and acfg.classes == want == n_centroids(data, cfg.tasks, cfg)
-    assert summary["keep"]["recentre"]["classes"] == acfg.classes and summary["keep"]["recentre"]["on"] == on
+    assert acfg.recentre and acfg.centroids == want == n_centroids(data, cfg.tasks, cfg)
+    assert summary["keep"]["recentre"]["classes"] == acfg.centroids and summary["keep"]["recentre"]["on"] == on
     maps = fit_closed_form(data, cfg.tasks, 4, cfg)
     assert set(maps) == {False, True}
     fn = maps[True]
@@ -144,17 +147,17 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store, 
     if on == "clips":  # no task's classes: a store that trains TAD alone recentres too
         assert acfg.recentre_clips
         _, acfg, _ = train_aam(data, cfg.replace(tasks=("tad",), selection="last"), log=None)
-        assert acfg.recentre and acfg.classes == max(2, sum(len(v.feats) for v in data.tad_train) // 16)
+        assert acfg.recentre and acfg.centroids == max(2, sum(len(v.feats) for v in data.tad_train) // 16)
         return
     # AD trained too: its training videos' labels (normal / anomalous) are two more centroids; without task 'ar'
     # there are none: the adapter says so and publishes keep alone
-    from splavu_core.aam.train import recentre_classes
+    from splavu_core.aam.closed_form import recentre_classes
 
     full = load_training_data(store)
     _, labels = recentre_classes(full, ("ar", "ad"))
     assert {"anomaly=0", "anomaly=1"} <= set(labels) and set(labels) - {"anomaly=0", "anomaly=1"} == set(data.classes)
     _, acfg_ad, _ = train_aam(full, cfg.replace(tasks=("ar", "ad")), log=None)
-    assert acfg_ad.classes == len(data.classes) + 2 and recentre_classes(full, ("ar",))[1] == \
+    assert acfg_ad.centroids == len(data.classes) + 2 and recentre_classes(full, ("ar",))[1] == \
         [v.meta["action"] for v in full.ar_train]
     msgs = []
     tad_only = cfg.replace(tasks=("tad",), selection="last")
@@ -170,7 +173,9 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store, 
     ({"keep": 4, "layers": 1, "mixer": "mlp", "hidden": 16, "erase_rank": 4}, {})])
 def test_keep_training_never_reads_private_attribute_labels(tiny_store, tmp_path, adapter, extra):
     from splavu_core.aam.io import adapter_version
-    from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
+    from splavu_core.aam.config import TrainConfig
+    from splavu_core.aam.train import train_aam
+    from splavu_core.aam.training_data import load_training_data
 
     root = tmp_path / "store"
     shutil.copytree(tiny_store, root)
@@ -338,7 +343,9 @@ def test_recentring_clusters_read_no_label(tiny_store):
     anomaly labels) changes neither the clips clustered nor which cluster each belongs to."""
     import dataclasses
 
-    from splavu_core.aam.train import TrainConfig, load_training_data, recentre_targets
+    from splavu_core.aam.closed_form import recentre_targets
+    from splavu_core.aam.config import TrainConfig
+    from splavu_core.aam.training_data import load_training_data
 
     data = load_training_data(FeatureStore(tiny_store))
     cfg = TrainConfig.from_flat({"recentre_cluster_clips": 16})

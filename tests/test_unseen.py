@@ -6,7 +6,9 @@ import shutil
 import numpy as np
 import pytest
 
-from splavu_core.aam.train import TrainConfig, load_training_data, train_aam
+from splavu_core.aam.config import TrainConfig
+from splavu_core.aam.train import train_aam
+from splavu_core.aam.training_data import load_training_data
 from splavu_core.evaluation import unseen
 from splavu_core.evaluation.keep_curve import load_inputs
 from splavu_core.store.feature_store import FeatureStore

@@ -113,3 +113,21 @@ def pair_matching_report(static: np.ndarray, actions: Sequence[np.ndarray] | Non
                 continue
             out[kind] = critic_pair_matching(static, actions, fit_idx, held_idx, kind, transform, seed, steps, group)
     return out
+
+
+def diagnose_adapter(adapter, data, fit_idx: np.ndarray, held_idx: np.ndarray, seed: int, steps: int) -> dict[str, float]:
+    """pair_matching_report of the training data's static (and action) clips, rounded to 4 places: through `adapter`
+    (in eval mode for the measurement, its mode restored after) or, with adapter None, on the raw latents."""
+    transform = None
+    if adapter is not None:
+        def transform(x):
+            with torch.no_grad():
+                return adapter(torch.from_numpy(np.ascontiguousarray(x, np.float32))).numpy()
+
+        was = adapter.training
+        adapter.eval()
+    out = pair_matching_report(data.static, data.static_actions, fit_idx, held_idx, transform=transform, seed=seed,
+                               steps=steps)
+    if adapter is not None:
+        adapter.train(was)
+    return {k: round(v, 4) for k, v in out.items()}

@@ -37,6 +37,24 @@ WEIGHTS_FILE = "adapter.safetensors"
 META_FILE = "adapter.json"
 
 
+def stored_config(store, version: str | None) -> AAMConfig | None:
+    """The AAMConfig `version` was saved with: the config of the store's aam/<version>/adapter.json (fields left out
+    at their format-1 value, as AAMConfig.from_dict reads them); None without a version or its adapter.json."""
+    if not version:
+        return None
+    try:
+        config = store.files.read_json(f"aam/{version}/{META_FILE}")["config"]
+    except FileNotFoundError:
+        return None
+    return AAMConfig.from_dict(config)
+
+
+def published_width(store, version: str | None) -> int | None:
+    """The width of `version`'s published table: its keep stage's k, else the latents' D (None: see stored_config)."""
+    config = stored_config(store, version)
+    return None if config is None else config.out_dim
+
+
 def _canonical_json(obj) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
@@ -54,7 +72,7 @@ def _content_hash(tensors: dict[str, torch.Tensor], config: AAMConfig, encoder_f
         feed(str(t.dtype).encode())
         feed(_canonical_json(list(t.shape)))
         feed(t.reshape(-1).view(torch.uint8).numpy().tobytes())  # raw bytes, any dtype (little-endian hosts)
-    feed(_canonical_json(config.to_dict()))
+    feed(_canonical_json(config.to_dict(names_before=True)))  # a rename leaves versions as they were
     feed(encoder_fingerprint.encode())
     return h.hexdigest()[:16]
 

@@ -27,7 +27,10 @@ from einops import rearrange, repeat
 # Fields added after the first stored adapters, with the value those adapters had: a stored config omits
 # them at that value (to_dict), and reading fills them back (from_dict), so defaults below may change.
 FORMAT1_VALUES = {"erase_rank": 0, "oracle": False, "mixer": "attention", "hidden": 256, "keep": 0,
-                  "recentre": False, "classes": 0, "recentre_clips": False}
+                  "recentre": False, "centroids": 0, "recentre_clips": False}
+# Fields renamed since adapters were first stored: {name now: name before}. Reading accepts either; the content hash
+# (aam/io.py) reads the name before, so a version's id does not change with the name.
+RENAMED = {"centroids": "classes"}
 
 
 # The adapter `aam_model` trains unless told otherwise (TrainConfig.adapter, the CLI, Dagster): the keep
@@ -43,8 +46,8 @@ PREVIOUS_DEFAULT_ADAPTER = {"keep": 0, "layers": 2, "mixer": "mlp", "hidden": 25
 
 def documented(default, doc: str, **metadata):
     """A dataclass field with its description (metadata "doc", shown by the Dagster config and
-    docs/configuration.md) and any other metadata: "section" ("erasure" or "loop": the stage that alone reads it,
-    see train.config_fields), "derived" (training sets it, not the user)."""
+    docs/configuration.md) and any other metadata: "section" ("projection" or "loop": the stage that alone reads it,
+    see config.config_fields), "derived" (training sets it, not the user)."""
     return field(default=default, metadata={"doc": doc, **metadata})
 
 
@@ -62,8 +65,8 @@ class AAMConfig:
                            section="loop")
     clip_context: bool = documented(False, "also attend over the video's own clips; then anonymizing needs whole "
                                     "videos", section="loop")
-    erase_rank: int = documented(0, "k: a fitted linear erasure of k appearance directions runs first (0 = none)",
-                                 section="erasure")
+    erase_rank: int = documented(0, "k: a fitted linear projection removing k appearance directions runs first "
+                                 "(0 = none)", section="projection")
     mixer: str = documented("attention", "residual blocks: \"attention\" (sub-token attention) or \"mlp\" (per "
                             "clip; keep needs it)", section="loop")
     hidden: int = documented(256, "width of an \"mlp\" block (D -> hidden -> D)", section="loop")
@@ -71,8 +74,8 @@ class AAMConfig:
                               derived=True)
     keep: int = documented(0, "k: publish only a fitted k-dim utility subspace (aam/keep.py); 0 = D wide")
     recentre: bool = documented(False, "replace each video's kept mean by its expected centroid (needs keep)")
-    classes: int = documented(0, "C: centroids of the recentring stage (set by training, like dim)",
-                              derived=True)
+    centroids: int = documented(0, "C: centroids of the recentring stage (set by training, like dim)",
+                                derived=True)
     recentre_clips: bool = documented(False, "recentring matches each clip to the centroids and moves the video by "
                                       "the mean of its clips' offsets; False: the video's mean is matched (set by "
                                       "training from recentre_on)", derived=True)
@@ -96,14 +99,14 @@ class AAMConfig:
             raise ValueError(f"AAMConfig.keep must be in [0, dim={self.dim}), got {self.keep}")
         if self.keep and (self.mixer != "mlp" or self.clip_context):
             raise ValueError("AAMConfig.keep needs mixer='mlp' (its blocks work in the k-dim kept space)")
-        if self.recentre and (not self.keep or self.classes < 2):
-            raise ValueError(f"AAMConfig.recentre needs keep > 0 and classes >= 2 (the training classes), "
-                             f"got keep={self.keep}, classes={self.classes}; set recentre false for a full-width "
+        if self.recentre and (not self.keep or self.centroids < 2):
+            raise ValueError(f"AAMConfig.recentre needs keep > 0 and centroids >= 2 (recentring's centroids), "
+                             f"got keep={self.keep}, centroids={self.centroids}; set recentre false for a full-width "
                              f"adapter")
         if self.recentre_clips and not self.recentre:
             raise ValueError("AAMConfig.recentre_clips without recentre: there is no recentring stage to match clips")
-        if not self.recentre and self.classes:
-            raise ValueError(f"AAMConfig.classes={self.classes} without recentre: nothing would read the centroids")
+        if not self.recentre and self.centroids:
+            raise ValueError(f"AAMConfig.centroids={self.centroids} without recentre: nothing would read them")
         if not 0 <= self.erase_rank < self.dim:
             raise ValueError(f"AAMConfig.erase_rank must be in [0, dim={self.dim}), got {self.erase_rank}")
         if self.dim % self.sub_tokens:
@@ -125,12 +128,19 @@ class AAMConfig:
     def whole_videos(self) -> bool:  # a clip's output depends on its video's other clips: anonymize videos whole
         return self.clip_context or self.recentre
 
-    def to_dict(self) -> dict:
-        # fields added after format 1 are omitted at their format-1 value, so existing adapters keep their hash
-        return {k: v for k, v in asdict(self).items() if k not in FORMAT1_VALUES or v != FORMAT1_VALUES[k]}
+    def to_dict(self, names_before: bool = False) -> dict:
+        """The stored config. Fields added after format 1 are omitted at their format-1 value, so existing adapters
+        keep their hash; names_before: renamed fields under the name they had (RENAMED), as the hash reads them."""
+        out = {k: v for k, v in asdict(self).items() if k not in FORMAT1_VALUES or v != FORMAT1_VALUES[k]}
+        return {RENAMED.get(k, k): v for k, v in out.items()} if names_before else out
 
     @classmethod
     def from_dict(cls, d: dict) -> "AAMConfig":
+        before = {old: new for new, old in RENAMED.items()}
+        both = [old for old in before if old in d and before[old] in d]
+        if both:
+            raise ValueError(f"AAMConfig.from_dict: both {both} and their new names {[before[o] for o in both]}")
+        d = {before.get(k, k): v for k, v in d.items()}  # adapters stored before a rename name the field as it was
         unknown = set(d) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"AAMConfig.from_dict: unknown keys {sorted(unknown)} (written by a newer version?)")
@@ -215,7 +225,7 @@ class Block(nn.Module):
 class Erasure(nn.Module):
     """e(x) = x - ((x - mu) R) L^T: an oblique projection that removes k directions (rank-k update).
 
-    Fitted in closed form (`aam.erasure.fit_erasure`), then frozen: buffers, not parameters. All zeros
+    Fitted in closed form (`aam.appearance_projection.fit_erasure`), then frozen: buffers, not parameters. All zeros
     (unfitted) is exactly the identity. Linear and per clip, so it treats a static clip and a moving clip
     alike: it cannot learn to scramble only the clips the privacy loss looks at."""
 
@@ -287,7 +297,7 @@ class AnonymizingAdapter(nn.Module):
         S, C, W = cfg.sub_tokens, cfg.sub_dim, cfg.token_width
         self.erase = Erasure(cfg.dim, cfg.erase_rank) if cfg.erase_rank else None
         self.keep = Keep(cfg.dim, cfg.keep) if cfg.keep else None
-        self.recentre = Recentre(cfg.keep, cfg.classes, cfg.recentre_clips) if cfg.recentre else None
+        self.recentre = Recentre(cfg.keep, cfg.centroids, cfg.recentre_clips) if cfg.recentre else None
         if cfg.mixer == "mlp":  # one dense residual MLP per block on the whole vector: ~8x fewer MACs per clip
             self.mlps = nn.ModuleList(ClipMLP(cfg.out_dim, cfg.hidden) for _ in range(cfg.layers))
             return

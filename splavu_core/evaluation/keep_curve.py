@@ -22,7 +22,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from splavu_core.aam.train import TrainConfig, fit_closed_form, load_training_data
+from splavu_core.aam.closed_form import fit_closed_form
+from splavu_core.aam.config import TrainConfig
+from splavu_core.aam.training_data import load_training_data
 from splavu_core.evaluation.attackers import SUITE_NAMES
 from splavu_core.evaluation.gates import scored_in_process
 from splavu_core.evaluation.scoring import score_sets

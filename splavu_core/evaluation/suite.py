@@ -307,14 +307,6 @@ def anonymize_videos(adapter, videos: Sequence[VideoFeatures]) -> list[VideoFeat
 
 # ---------------------------------------------------------------- the privacy budget measurement
 
-def newest_version(store: FeatureStore) -> str | None:
-    """The AAM version being published: the newest recorded (by created_at), else the current one."""
-    from splavu_core.store.ledger import current_version
-    from splavu_core.store.ledger import newest_version as _newest
-
-    return _newest(store) or current_version(store)
-
-
 def shard_hashes(store: FeatureStore, shards: Sequence[str]) -> list:
     return [(s, (store.committed(s) or {}).get("manifest_hash")) for s in shards]
 

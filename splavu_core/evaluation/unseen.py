@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from splavu_core.aam.train import TrainConfig
+from splavu_core.aam.config import TrainConfig
 from splavu_core.evaluation import trivial
 from splavu_core.evaluation.keep_curve import family_sets, heldout_classes, load_inputs
 from splavu_core.evaluation.scoring import score_sets
