@@ -268,7 +268,7 @@ def render_results(report_path: Path, commit: str | None = None, machine: str | 
         out.append("\n`mlp_width` is the previous protocol's D → D → A attacker. Its capacity shrinks with the "
                    "table, so it is shown for the record and never judges.\n")
 
-    from splavu_core.evaluation.report import readers_markdown, unseen_markdown
+    from splavu_core.evaluation.report import measurements_line, readers_markdown, unseen_markdown
 
     by_reader = readers_markdown(rows)
     if by_reader:
@@ -288,6 +288,9 @@ def render_results(report_path: Path, commit: str | None = None, machine: str | 
     if stages:
         out += ["\n## `make demo`, stage by stage (wall seconds)\n\n",
                 _table(list(stages), [[_seconds(v) for v in stages.values()]])]
+        line = measurements_line(demo.get("measurements"))
+        if line:
+            out.append(f"\n{line}\n")
         for name, why in (demo.get("left_out") or {}).items():
             out.append(f"\n- left out: `{name}`: {why}")
         if demo.get("left_out"):

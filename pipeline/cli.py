@@ -402,7 +402,8 @@ def cmd_demo(args) -> int:
     print(f"  {curve_verdict(*_keep_curve(store.root, demo.DEMO_CURVE))}")
     clock.lap("curve")
     feature_store = store.store()
-    record = demo.record(feature_store, clock.stages, left_out, datasets=names, scale=args.scale, seed=args.seed)
+    record = demo.record(feature_store, clock.stages, left_out, datasets=names, scale=args.scale, seed=args.seed,
+                         measurements=clock.measurements)
     print("7/7 an analyst's query (read-only DuckDB catalog):")
     print(f"  splavu sql \"{demo.ANALYST_SQL}\"")
     print(format_table(query(feature_store, demo.ANALYST_SQL)))

@@ -48,11 +48,18 @@ class StageClock:
     def __init__(self):
         self.t0 = self.mark = time.perf_counter()
         self.stages: dict[str, float | None] = {"install": install_seconds()}
+        self.measurements: dict[str, dict[str, int]] = {}  # stage -> {"scored", "reused"} (scoring's counts)
+        self._counted = _measurement_counts()
 
     def lap(self, stage: str) -> None:
         now = time.perf_counter()
         self.stages[stage] = now - self.mark
         self.mark = now
+        counts = _measurement_counts()
+        done = {k: counts[k] - self._counted.get(k, 0) for k in counts}
+        if any(done.values()):
+            self.measurements[stage] = done
+        self._counted = counts
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
@@ -62,6 +69,15 @@ class StageClock:
         self.stages["gates"] = gate_seconds(publish_out)
         if self.stages["gates"] is not None:
             self.stages["publish"] -= self.stages["gates"]
+        if "publish" in self.measurements:  # publishing measures nothing: what it scored, its gates did
+            self.measurements["gates"] = self.measurements.pop("publish")
+
+
+def _measurement_counts() -> dict[str, int]:
+    """The process's scored / reused measurement counts; here, not at the top: the scoring module loads torch."""
+    from splavu_core.evaluation.scoring import measurement_counts
+
+    return measurement_counts()
 
 
 def remove_datasets(data: Path, names) -> None:
@@ -94,9 +110,12 @@ def gate_seconds(out: dict) -> float | None:
     return max(0.0, sum(gated) - len(gated) * plain[len(plain) // 2])
 
 
-def record(store, stages: dict, left_out: dict, datasets, scale: str, seed: int) -> dict:
-    """The demo's record in the store's costs (costs.record_demo), added to the report too; returns it."""
-    demo = costs.record_demo(store, stages, left_out, datasets=datasets, scale=scale, seed=seed)
+def record(store, stages: dict, left_out: dict, datasets, scale: str, seed: int,
+           measurements: dict | None = None) -> dict:
+    """The demo's record in the store's costs (costs.record_demo), added to the report too; returns it.
+    measurements: stage -> {"scored", "reused"} (StageClock.measurements)."""
+    demo = costs.record_demo(store, stages, left_out, datasets=datasets, scale=scale, seed=seed,
+                             measurements=dict(measurements or {}))
     add_demo_to_report(store, demo)
     return demo
 

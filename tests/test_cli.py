@@ -171,3 +171,30 @@ def test_demo_leaves_out_bias_and_gait_by_default_and_the_report_says_so(tmp_pat
     assert "| — | 61 | 120 | 3 | 20 | 9 | 50 | 14 | 277 |" in md
     assert "**Not run in this demo: bias**" in md and "**Not run in this demo: gait**" in md
     assert "install: not measured" in md
+
+
+def test_the_demo_cost_section_says_what_each_stage_scored_and_reused(tmp_path, monkeypatch):
+    """StageClock counts, per stage, the measurements scoring ran and those it took from the run's caches (the
+    gates' share moved out of publishing with their seconds); the report's cost section prints them."""
+    from pipeline.demo import StageClock
+    from splavu_core.evaluation import scoring
+    from splavu_core.evaluation.report import costs_markdown
+    from splavu_core.store import costs
+    from splavu_core.store.feature_store import FeatureStore
+
+    monkeypatch.setattr(scoring, "MEASUREMENTS", {"scored": 5, "reused": 1})  # an earlier run in this process
+    clock = StageClock()
+    clock.lap("fit")
+    scoring.MEASUREMENTS.update(scored=17, reused=1)
+    clock.lap("publish")
+    clock.split_gates({"run_seconds": {"a": {"seconds": 30.0, "gates": True}, "b": {"seconds": 2.0, "gates": False}}})
+    scoring.MEASUREMENTS.update(scored=40, reused=9)
+    clock.lap("evaluate")
+    assert clock.measurements == {"gates": {"scored": 12, "reused": 0}, "evaluate": {"scored": 23, "reused": 8}}
+    assert clock.stages["gates"] == 28.0
+
+    store = FeatureStore(tmp_path / "store")
+    costs.record_demo(store, {**clock.stages, "install": None}, {}, measurements=clock.measurements)
+    md = "\n".join(costs_markdown(costs.compare(store, "v0", [], {})))
+    assert "Measurements (a task's protocol on one feature set): gates 12 scored, 0 reused; evaluate 23 scored, " \
+           "8 reused." in md

@@ -329,9 +329,22 @@ def demo_markdown(demo: Mapping | None) -> list[str]:
              "| " + " | ".join("—" if v is None else f"{v:,.0f}" for v in st.values()) + f" | {sum(known):,.0f} |", ""]
     if st.get("install") is None:
         lines.append("install: not measured (the demo ran outside `make demo`).")
+    line = measurements_line(demo.get("measurements"))
+    if line:
+        lines.append(line)
     for group, why in demo.get("left_out", {}).items():
         lines.append(f"**Not run in this demo: {group}** ({why}).")
     return lines + ([""] if len(lines) > 5 else [])
+
+
+def measurements_line(measured: Mapping | None) -> str | None:
+    """One line: per stage, the measurements (a task's protocol on one feature set, split and seeds) it scored and
+    those it reused from the run's caches (the same measurement taken earlier in the run is never scored again)."""
+    if not measured:
+        return None
+    parts = [f"{stage} {m.get('scored', 0)} scored, {m.get('reused', 0)} reused"
+             for stage, m in ((s, measured[s]) for s in DEMO_STAGES if s in measured)]
+    return "Measurements (a task's protocol on one feature set): " + "; ".join(parts) + "."
 
 
 RETENTION_KEYS = (("ar_retention", "AR"), ("tad_retention", "TAD"), ("ad_retention", "AD"))

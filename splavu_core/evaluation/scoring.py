@@ -220,6 +220,15 @@ def _content_key(task: str, videos: Sequence[VideoFeatures], split: str, seeds, 
     return h.hexdigest()
 
 
+# What this process measured and what it took from a cache (a reference_cache, a gates' Scored, or _SCORES): the
+# demo's cost section says, per stage, how many measurements were scored and how many reused.
+MEASUREMENTS = {"scored": 0, "reused": 0}
+
+
+def measurement_counts() -> dict[str, int]:
+    return dict(MEASUREMENTS)
+
+
 def _remember(key: str, value) -> None:
     _SCORES.pop(key, None)
     while len(_SCORES) >= _SCORES_MAX:
@@ -270,6 +279,7 @@ def score_sets(sets: Mapping[str, Mapping[str, Sequence[VideoFeatures]]], which:
             key = _content_key(task, videos, split, seeds, kw, attrs) if cached is None else None
             if key is not None and key in _SCORES:
                 cached = _SCORES[key]
+            MEASUREMENTS["reused" if cached is not None else "scored"] += 1
             sc, why = cached if cached is not None else run_task(task, videos, split, seeds, kw, attrs)
             if key is not None:
                 _remember(key, (sc, why))
