@@ -25,7 +25,9 @@ Probes (fixed on raw features of the demo store before any anonymizer was scored
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -305,10 +307,12 @@ def temporal_detection_head(train: Videos, test: Videos, classes: Sequence[str],
                        tious: Sequence[float] = TIOUS, **_) -> Scored:
     """TADHead trained full batch (every train video in every step) with Adam, one per seed; mAP over tIoUs.
 
-    On one intra-op thread: its convolutions' backward sums in an order that depends on the thread count, so on two
-    threads its mAP differed from one thread's by up to a point per seed (a machine's core count changed the report),
-    and on two shared cores it ran 1.6x (quiet) to 5x (a core busy) slower than on one."""
-    from splavu_core.tasks.heads import pad_sequences, stack_tad_targets, tad_targets
+    Each head on one intra-op thread: its convolutions' backward sums in an order that depends on the thread count,
+    so on two threads its mAP differed from one thread's by up to a point per seed (a machine's core count changed
+    the report), and on two shared cores it ran 1.6x (quiet) to 5x (a core busy) slower than on one. The seeds'
+    heads are initialised in order under their seeds, then trained side by side, one per core (training draws no
+    random number, so the figures are those of training them one after another)."""
+    from splavu_core.tasks.heads import TADHead, pad_sequences, stack_tad_targets, tad_targets
 
     classes = list(classes)
     std = Standardiser(all_clips(train))
@@ -316,19 +320,23 @@ def temporal_detection_head(train: Videos, test: Videos, classes: Sequence[str],
     tgt = stack_tad_targets([tad_targets(v, classes) for v in train], x.shape[1])
     xt, mt = pad_sequences([torch.from_numpy(std(v.feats)) for v in test])
     gts = [[tuple(seg) for seg in v.meta.get("segments") or []] for v in test]
-    dets = []
+    heads = []
     for s in seeds:
-        with intra_op_threads(1):
-            dets.append(_tad_detections(s, x, mask, tgt, xt, mt, test, classes, epochs, lr, weight_decay, hidden))
+        torch.manual_seed(s)
+        heads.append(TADHead(x.shape[-1], len(classes), hidden=hidden))
+
+    def detections(head):
+        return _tad_detections(head, x, mask, tgt, xt, mt, test, classes, epochs, lr, weight_decay)
+
+    with intra_op_threads(1), ThreadPoolExecutor(max(1, min(len(heads), len(os.sched_getaffinity(0))))) as pool:
+        dets = list(pool.map(detections, heads))
     return tad_scored(dets, gts, test, tious, n_boot=100)
 
 
-def _tad_detections(seed, x, mask, tgt, xt, mt, test, classes, epochs, lr, weight_decay, hidden) -> list:
+def _tad_detections(head, x, mask, tgt, xt, mt, test, classes, epochs, lr, weight_decay) -> list:
     """One seed's TADHead, trained on the padded train videos x (B, T, D) -> its detections on each test video."""
-    from splavu_core.tasks.heads import TADHead, tad_decode, tad_loss
+    from splavu_core.tasks.heads import tad_decode, tad_loss
 
-    torch.manual_seed(seed)
-    head = TADHead(xt.shape[-1], len(classes), hidden=hidden)
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
     for _ in range(epochs):
         loss = tad_loss(*head(x, mask), tgt, mask)
