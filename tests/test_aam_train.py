@@ -308,3 +308,28 @@ def test_the_default_adapter_reads_no_loop_or_erasure_fit_field():
         return adapter_version(adapter, acfg, "fingerprint")
 
     assert version(base.replace(**other)) == version(base) != version(base.replace(keep_ridge=0.01))
+
+
+def test_the_default_fits_without_static_clips_and_what_reads_them_says_so():
+    """Static clips (one frame repeated) cost an encoder pass each; the closed-form default reads none of them: the
+    same weights with 4, 2 or no static clips per video (without them only its held-out diagnostic is skipped).
+    A configuration that reads them (the appearance projection, the paper's loop) is refused, naming itself."""
+    import dataclasses
+    import hashlib
+
+    def digest(adapter):
+        h = hashlib.sha256()
+        for k, v in sorted(adapter.state_dict().items()):
+            h.update(k.encode() + v.detach().numpy().tobytes())
+        return h.hexdigest()
+
+    data = toy_data()
+    weights = []
+    for static in (data.static, data.static[:, :2], data.static[:0]):
+        adapter, _, summary = train_aam(dataclasses.replace(data, static=static), TrainConfig(), log=None)
+        weights.append(digest(adapter))
+    assert weights[0] == weights[1] == weights[2] and summary["diagnostics"] is None
+    for cfg, name in ((TrainConfig().replace(erase_fraction=0.25), "appearance projection"),
+                      (small_cfg(), "privacy loss")):
+        with pytest.raises(TrainingDataError, match=name):
+            train_aam(dataclasses.replace(data, static=data.static[:0]), cfg, log=None)

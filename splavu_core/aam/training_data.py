@@ -32,6 +32,20 @@ class TrainingData:
     attributes: np.ndarray | None = None  # (V, A) private labels of the static videos: ONLY the oracle sets it
 
 
+def static_clip_readers(cfg: TrainConfig) -> list[str]:
+    """What in `cfg` fits on the training videos' static clips. The closed-form default (keep + recentring) reads
+    none: its weights are the same with 4, 2 or no static clips per video, which then feed only its held-out
+    pair-matching diagnostic (skipped without them)."""
+    out = []
+    if cfg.adapter.get("layers", 0) and cfg.loop.epochs > 0:
+        out.append("the paper's privacy loss (trained layers)")
+    if cfg.projection.erase_fraction > 0 or cfg.adapter.get("erase_rank"):
+        out.append("the appearance projection")
+    if cfg.keep_w_app > 0 or cfg.keep_w_dynamic > 0:
+        out.append("the keep fit's appearance / dynamic terms")
+    return out
+
+
 def check_data(data: TrainingData, cfg: TrainConfig) -> None:
     """Refuse configurations whose tasks have no labelled data, before any step."""
     problems = []
@@ -53,9 +67,10 @@ def check_data(data: TrainingData, cfg: TrainConfig) -> None:
         problems.append(f"recentre_on must be one of {RECENTRE_ON}, got {cfg.recentre_on!r}")
     if cfg.recentre_cluster_clips < 1:
         problems.append(f"recentre_cluster_clips must be >= 1, got {cfg.recentre_cluster_clips}")
-    if data.static.ndim != 3 or len(data.static) < 2 or data.static.shape[1] < 2:
-        problems.append(f"the privacy loss needs >= 2 static clips for >= 2 training videos; static latents have "
-                        f"shape {tuple(data.static.shape)} (extract with static_k >= 2)")
+    readers = static_clip_readers(cfg)
+    if readers and (data.static.ndim != 3 or len(data.static) < 2 or data.static.shape[1] < 2):
+        problems.append(f"{' and '.join(readers)} need(s) >= 2 static clips for >= 2 training videos; static "
+                        f"latents have shape {tuple(data.static.shape)} (extract with static_k >= 2)")
     if problems:
         raise TrainingDataError("cannot train the AAM:\n  " + "\n  ".join(problems))
 
