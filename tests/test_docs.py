@@ -138,7 +138,11 @@ def test_results_are_rendered_from_the_report(tmp_path):
     text = gen.render_results(report, commit="abc1234", machine="m")
     assert "k = 11, 14" in text and "**14**" in text and "| keep k=11 | 70% [60, 80] |" in text
     assert "| **keep k=14 (chosen)** | 62% [52, 72] |" in text and "0.95 [0.90, 1.00]" in text
-    assert gen.outputs(report, ("results",))[gen.CURVE_PNG] == b"\x89PNG fake"
+    assert gen.outputs(report, ("results",))[gen.CURVE_PNG["results"]] == b"\x89PNG fake"
+    action = gen.outputs(tmp_path / "nowhere.json", ("results_action",), action_report=report)  # the second encoder's
+    assert action[gen.CURVE_PNG["results_action"]] == b"\x89PNG fake"
+    page = action[gen.DOCS / "results_action.md"]
+    assert page.count("# Results on the second encoder") == 1 and "results_action_keep_family.png" in page
 
     assert "beside other anonymizers" not in text  # no ablations run on that store
     variant = lambda name, removed: {"name": name, "leakage_removed": removed,  # noqa: E731
