@@ -52,12 +52,27 @@ class Timer:
         self.wall, self.cpu = time.perf_counter() - self.t, time.process_time() - self.c
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_clip_args(ap: argparse.ArgumentParser) -> None:
+    """The options the extraction benchmarks share: which videos, which encoder, how many, batch size."""
     ap.add_argument("--data", help="a dataset folder with manifest.csv (default: generate the demo 'tad' set)")
     ap.add_argument("--checkpoint", default=str(DEMO_CHECKPOINT))
     ap.add_argument("--videos", type=int, default=40)
     ap.add_argument("--batch", type=int, default=16)
+
+
+def dataset_folder(data: str | None, work: Path) -> Path:
+    """--data, or the demo's 'tad' set generated under `work`."""
+    if data:
+        return Path(data)
+    from splavu_core.ingest.synth.datasets import generate
+
+    generate(work / "synth", "demo", seed=0, datasets=("tad",))
+    return work / "synth" / "tad"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_clip_args(ap)
     ap.add_argument("--static-k", type=int, default=0, help="static clips per video in end_to_end (0: clips only, "
                     "the same work in every path)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -69,14 +84,7 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="splavu-bench-"))
-    if args.data:
-        data = Path(args.data)
-    else:
-        from splavu_core.ingest.synth.datasets import generate
-
-        generate(work / "synth", "demo", seed=0, datasets=("tad",))
-        data = work / "synth" / "tad"
-    m = load_manifest(data / "manifest.csv")
+    m = load_manifest(dataset_folder(args.data, work) / "manifest.csv")
     rows = m.rows[: args.videos]
     enc = load_encoder(args.checkpoint, device=args.device)
     s = ClipSampling(clip_len=enc.num_frames, static_k=0)  # clips only, same work in all paths

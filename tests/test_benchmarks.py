@@ -64,6 +64,14 @@ def test_extract(tiny_bench, tiny_videomae):
     assert all(len(r) == 2 for r in out["clips_per_s_each_round"].values())
 
 
+def test_extract_int8(tiny_bench, tiny_videomae):
+    root, _ = tiny_bench
+    out = run_bench("extract_int8", "--data", root / "tad", "--videos", 2, "--checkpoint", tiny_videomae, "--rounds", 1)
+    assert set(out["clips_per_s"]) == {"fp32", "int8_dynamic"} and out["clips"] > 1
+    assert -1.0 <= out["cosine"]["min"] <= out["cosine"]["p01"] <= out["cosine"]["mean"] <= 1.0
+    assert out["relative_l2"]["mean"] >= 0 and 0.0 <= out["same_nearest_clip"] <= 1.0
+
+
 def test_publish():
     out = run_bench("publish", "--clips", 800, "--rows-meta", 2000, "--repeats", 1, "--query-runs", 1)
     assert out["ratio_anonymize_vs_parquet_only"] > 0 and set(out["clips_per_s"]) == {"anonymize", "parquet_only"}
