@@ -18,7 +18,6 @@ import os
 import platform
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -26,20 +25,16 @@ import torch
 
 from extract import add_clip_args, dataset_folder  # benchmarks/extract.py, beside this script
 
-from splavu_core.extract.encoders.vfm import load_encoder
+from splavu_core.extract.encoders.vfm import int8_linear, load_encoder
 from splavu_core.extract.sampling import ClipSampling
 from splavu_core.ingest.manifest import load_manifest
 from splavu_core.ingest.video import DecordVideo
 
 
 def quantised(enc):
-    """A copy of the FrozenEncoder whose model's nn.Linear layers are int8 (dynamic activation scales)."""
-    from torch.ao.quantization import quantize_dynamic
-
+    """A copy of the FrozenEncoder whose model's nn.Linear layers are int8 (what `extract --quantize int8` loads)."""
     q = copy.copy(enc)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch deprecates torch.ao.quantization and its quantised tensors
-        q.model = quantize_dynamic(copy.deepcopy(enc.model), {torch.nn.Linear}, dtype=torch.qint8)
+    q.model = int8_linear(enc.model)
     return q
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from pipeline import demo
-from splavu_core.extract.encoders import DEMO_ENCODERS
+from splavu_core.extract.encoders import DEMO_ENCODERS, QUANTIZE
 from splavu_core.ingest.datasets import describe_registration, parse_roles, registered, registration, training_plan
 from splavu_core.ingest.manifest import ManifestError
 from splavu_core.ingest.masks import PixelError
@@ -117,7 +117,8 @@ def cmd_extract(args) -> int:
     if missing:
         raise StoreError(f"not registered in {store.root}: {missing} (known: {list(regs)})")
     keys = [k for n in names for k in regs[n]["shards"]]
-    _extract(store, r.EncoderResource(checkpoint=args.checkpoint or r.EncoderResource().checkpoint), keys)
+    _extract(store, r.EncoderResource(checkpoint=args.checkpoint or r.EncoderResource().checkpoint,
+                                      quantize=args.quantize or ""), keys)
     return 0
 
 
@@ -381,7 +382,8 @@ def cmd_demo(args) -> int:
     encoder = DEMO_ENCODERS[args.encoder]
     print(f"\n2/7 extracting raw latents of {len(keys)} shards into {store.root} (shipped VideoMAE '{args.encoder}': "
           f"{encoder.name})")
-    rows = _extract(store, r.EncoderResource(checkpoint=str(encoder)), keys)  # static clips where roles say training reads them
+    rows = _extract(store, r.EncoderResource(checkpoint=str(encoder), quantize=args.quantize or ""),
+                    keys)  # static clips where roles say training reads them
     print(f"  {sum(x['clips'] for x in rows)} clip latents + {sum(x['static_clips'] for x in rows)} static, "
           f"{sum(x['quarantined'] for x in rows)} quarantined "
           f"[{clock.elapsed():.0f} s]")
@@ -579,6 +581,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("extract", help="extract raw latents of registered datasets")
     p.add_argument("--dataset", nargs="*")
     p.add_argument("--checkpoint", help="VideoMAE / V-JEPA 2 directory or hub id (default: the demo encoder)")
+    p.add_argument("--quantize", choices=QUANTIZE, help="int8: the encoder's linear layers in int8 on CPU (1.4-1.5x "
+                   "faster, cosine to fp32 >= 0.998; another encoder fingerprint, so not mixed with fp32 latents)")
     p.set_defaults(fn=cmd_extract)
 
     p = add("train", help="train an AAM from the store's cached latents (Dagster run)")
@@ -640,6 +644,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--encoder", default="demo", choices=sorted(DEMO_ENCODERS),
                    help="the shipped encoder: 'demo' (trained with appearance heads) or 'action' (actions + masked "
                         "reconstruction only, as real VFMs are); a store holds one encoder's latents")
+    p.add_argument("--quantize", choices=QUANTIZE, help="extract with the encoder's linear layers in int8 (CPU)")
     p.set_defaults(fn=cmd_demo)
 
     p = add("sql", help="run a read-only SQL query on the catalog (catalog.duckdb)")

@@ -124,3 +124,20 @@ def test_demo_encoder_training_resumes_from_a_saved_encoder_and_logs_v2_accuraci
     assert (out / "model.safetensors").exists() and not list(out.glob("*.bin"))
     enc = load_encoder(out, device="cpu")
     assert enc.dim == 32 and enc.embed(clips(1)).shape == (1, 32)
+
+
+def test_int8_extraction_is_opt_in_close_to_fp32_and_fingerprinted_apart(tiny_videomae):
+    """`extract --quantize int8` loads the same checkpoint with int8 linear layers: its latents stay close to fp32 but
+    are other latents, so the fingerprint (which keys a store's latents) differs; the checkpoint's weight hash does
+    not. An unknown mode is refused by name."""
+    s = ClipSampling()
+    fp32, int8 = load_encoder(tiny_videomae, device="cpu"), load_encoder(tiny_videomae, device="cpu", quantize="int8")
+    assert int8.weights_hash == fp32.weights_hash and int8.fingerprint(s) != fp32.fingerprint(s)
+    assert int8.provenance(s)["quantize"] == "int8" and "quantize" not in fp32.provenance(s)
+    assert any("quantized" in type(m).__module__ for m in int8.model.modules())
+    assert not any("quantized" in type(m).__module__ for m in fp32.model.modules())  # the fp32 model is untouched
+    a, b = fp32.embed(clips()), int8.embed(clips())
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    assert not np.array_equal(a, b) and cos.min() > 0.98
+    with pytest.raises(EncoderError, match="fp16"):
+        load_encoder(tiny_videomae, device="cpu", quantize="fp16")

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from splavu_core.extract.encoders import ACTION_CHECKPOINT, DEMO_CHECKPOINT, DEMO_ENCODERS  # noqa: F401
+from splavu_core.extract.encoders import ACTION_CHECKPOINT, DEMO_CHECKPOINT, DEMO_ENCODERS, QUANTIZE  # noqa: F401
 from splavu_core.extract.encoders.preprocess import Preprocess
 from splavu_core.extract.sampling import ClipSampling
 
@@ -37,17 +37,23 @@ class FrozenEncoder:
     config_json: str
     device: torch.device
     autocast_dtype: torch.dtype | None
+    quantize: str | None = None  # "int8": linear layers int8 on CPU (encoders.QUANTIZE: what it measured)
 
     def fingerprint(self, sampling: ClipSampling) -> str:
-        """Hash of weights + config + preprocessing + clip sampling (16 hex chars)."""
-        blob = json.dumps({"weights": self.weights_hash, "config": self.config_json,
-                           "preprocess": self.preprocess.as_dict(), "sampling": sampling.as_dict()}, sort_keys=True)
+        """Hash of weights + config + preprocessing + clip sampling (+ quantisation, when on) (16 hex chars): int8
+        latents are other latents, never mixed with the fp32 ones in one store."""
+        parts = {"weights": self.weights_hash, "config": self.config_json,
+                 "preprocess": self.preprocess.as_dict(), "sampling": sampling.as_dict()}
+        if self.quantize:
+            parts["quantize"] = self.quantize
+        blob = json.dumps(parts, sort_keys=True)
         return f"{self.family}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}"
 
     def provenance(self, sampling: ClipSampling) -> dict:
         return {"encoder_fingerprint": self.fingerprint(sampling), "encoder_family": self.family,
                 "encoder_source": self.source, "weights_sha256": self.weights_hash, "dim": self.dim,
-                "preprocess": self.preprocess.as_dict(), "sampling": sampling.as_dict()}
+                "preprocess": self.preprocess.as_dict(), "sampling": sampling.as_dict(),
+                **({"quantize": self.quantize} if self.quantize else {})}
 
     def embed(self, frames: np.ndarray) -> np.ndarray:
         """(B, T, H, W, 3) uint8 clips → (B, D) float32 embeddings."""
@@ -105,8 +111,12 @@ def _config_json(cfg) -> str:
     return json.dumps(d, sort_keys=True, default=str)
 
 
-def load_encoder(source: str | os.PathLike = DEMO_CHECKPOINT, device: str = "auto", threads: int | None = None) -> FrozenEncoder:
-    """Load a VideoMAE or V-JEPA 2 checkpoint: a `save_pretrained` directory or (online) a hub id."""
+def load_encoder(source: str | os.PathLike = DEMO_CHECKPOINT, device: str = "auto", threads: int | None = None,
+                 quantize: str | None = None) -> FrozenEncoder:
+    """Load a VideoMAE or V-JEPA 2 checkpoint: a `save_pretrained` directory or (online) a hub id. quantize="int8":
+    its linear layers in int8 (CPU only; the fingerprint says so)."""
+    if quantize and quantize not in QUANTIZE:
+        raise EncoderError(f"quantize={quantize!r}: choose from {QUANTIZE} (or none)")
     from transformers import AutoConfig  # here: seconds to import, only loading an encoder needs it
     from transformers.utils import logging as hf_logging  # transformers: seconds to import
 
@@ -136,7 +146,24 @@ def load_encoder(source: str | os.PathLike = DEMO_CHECKPOINT, device: str = "aut
     for p in model.parameters():
         p.requires_grad_(False)
     pre = Preprocess.for_checkpoint(source, family, image_size) if is_dir else Preprocess(short_side=image_size, crop=image_size)
+    weights = state_hash(model)  # of the checkpoint's weights, before any quantisation
+    if quantize:
+        if dev.type != "cpu":
+            raise EncoderError(f"quantize={quantize!r} runs on CPU only; this encoder is on {dev} (use --device cpu)")
+        model = int8_linear(model)
     return FrozenEncoder(family=family, source=source, model=model, preprocess=pre, num_frames=int(num_frames),
-                         dim=int(cfg.hidden_size), weights_hash=state_hash(model),
+                         dim=int(cfg.hidden_size), weights_hash=weights,
                          config_json=_config_json(cfg),
-                         device=dev, autocast_dtype=autocast)
+                         device=dev, autocast_dtype=autocast, quantize=quantize)
+
+
+def int8_linear(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` with its nn.Linear layers int8 (per-tensor weights, dynamic activation scales)."""
+    import copy
+    import warnings
+
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch deprecates torch.ao.quantization in favour of torchao
+        return quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8)
