@@ -72,6 +72,17 @@ def test_extract_int8(tiny_bench, tiny_videomae):
     assert out["relative_l2"]["mean"] >= 0 and 0.0 <= out["same_nearest_clip"] <= 1.0
 
 
+def test_cluster_seeds(store_copy):
+    out = run_bench("cluster_seeds", "--store", store_copy, "--seeds", 2, "--probe-seeds", 2,
+                    "--config", '{"tasks": ["ar"]}')
+    seeds, summary = out[:-1], out[-1]
+    assert [s["seed"] for s in seeds] == [0, 1] and summary["seeds"] == 2 and summary["summary"] == "closeups"
+    for s in seeds:
+        low, high = s["closeups"][1], s["closeups"][2]
+        assert low <= s["closeups"][0] <= high and s["ar"] is not None
+    assert 0 <= summary["passing_at_lower_end"] <= 2
+
+
 def test_publish():
     out = run_bench("publish", "--clips", 800, "--rows-meta", 2000, "--repeats", 1, "--query-runs", 1)
     assert out["ratio_anonymize_vs_parquet_only"] > 0 and set(out["clips_per_s"]) == {"anonymize", "parquet_only"}
