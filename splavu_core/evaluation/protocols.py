@@ -25,7 +25,6 @@ Probes (fixed on raw features of the demo store before any anonymizer was scored
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -310,8 +309,8 @@ def temporal_detection_head(train: Videos, test: Videos, classes: Sequence[str],
     Each head on one intra-op thread: its convolutions' backward sums in an order that depends on the thread count,
     so on two threads its mAP differed from one thread's by up to a point per seed (a machine's core count changed
     the report), and on two shared cores it ran 1.6x (quiet) to 5x (a core busy) slower than on one. The seeds'
-    heads are initialised in order under their seeds, then trained side by side, one per core (training draws no
-    random number, so the figures are those of training them one after another)."""
+    heads are initialised in order under their seeds, then trained side by side, one per torch thread (training
+    draws no random number, so the figures are those of training them one after another)."""
     from splavu_core.tasks.heads import TADHead, pad_sequences, stack_tad_targets, tad_targets
 
     classes = list(classes)
@@ -328,7 +327,8 @@ def temporal_detection_head(train: Videos, test: Videos, classes: Sequence[str],
     def detections(head):
         return _tad_detections(head, x, mask, tgt, xt, mt, test, classes, epochs, lr, weight_decay)
 
-    with intra_op_threads(1), ThreadPoolExecutor(max(1, min(len(heads), len(os.sched_getaffinity(0))))) as pool:
+    workers = max(1, min(len(heads), torch.get_num_threads()))  # the process's thread budget, as extraction's
+    with intra_op_threads(1), ThreadPoolExecutor(workers) as pool:  # encoder_workers reads it
         dets = list(pool.map(detections, heads))
     return tad_scored(dets, gts, test, tious, n_boot=100)
 

@@ -6,9 +6,11 @@ config, the preprocessing and the clip sampling, so latents of two encoders neve
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -159,10 +161,7 @@ def load_encoder(source: str | os.PathLike = DEMO_CHECKPOINT, device: str = "aut
 
 def int8_linear(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of `model` with its nn.Linear layers int8 (per-tensor weights, dynamic activation scales)."""
-    import copy
-    import warnings
-
-    from torch.ao.quantization import quantize_dynamic
+    from torch.ao.quantization import quantize_dynamic  # here: only the int8 path loads it
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch deprecates torch.ao.quantization in favour of torchao
