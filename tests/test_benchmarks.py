@@ -83,6 +83,17 @@ def test_cluster_seeds(store_copy):
     assert 0 <= summary["passing_at_lower_end"] <= 2
 
 
+def test_recentre_members(store_copy):
+    out = run_bench("recentre_members", "--store", store_copy, "--members", "default", "sample-tau4", "clusters200",
+                    "--cluster-seeds", 0, "--probe-seeds", 2, "--which", "privacy,ar", "--pca")
+    assert [(o["member"], o["cluster_seed"]) for o in out[1:]] == [("default", 0), ("sample-tau4", 0),
+                                                                   ("clusters200", 0)]
+    assert out[0]["member"].startswith("pca_") and out[0]["cluster_seed"] is None
+    for o in out:
+        value, low, high = o["privacy"]
+        assert low <= value <= high and o["ar"] is not None
+
+
 def test_publish():
     out = run_bench("publish", "--clips", 800, "--rows-meta", 2000, "--repeats", 1, "--query-runs", 1)
     assert out["ratio_anonymize_vs_parquet_only"] > 0 and set(out["clips_per_s"]) == {"anonymize", "parquet_only"}
