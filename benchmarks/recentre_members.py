@@ -9,6 +9,7 @@ for each k-means seed (TrainConfig.seed) and scored by the gates' own scoring (s
 reader suites, 5 probe seeds, bootstrap over people) beside the same-width PCA. Nothing is published. Members:
 
     default        the shipped default
+    k<N>           the keep width N (the default 11)
     tau<T>         the posterior over centroids at temperature T (< 1 sharper, > 1 flatter)
     sample[-tau<T>]  one centroid DRAWN per clip from its posterior (randomised response; a draw keyed by the clip's
                    bytes, so the same clip gives the same row) instead of the posterior's mean
@@ -25,6 +26,8 @@ reader suites, 5 probe seeds, bootstrap over people) beside the same-width PCA. 
                    that mix appearances; published videos matched as the default (no static clip needed)
     anchor         each clip minus its video's anchor (a static clip of the same video, encoded for EVERY video:
                    --anchors, written by benchmarks/anchor_sweep.py's encode_anchors) before keep and recentring
+    ctx            anchor, plus the anchor's expected action context (with_anchor's context: class averages of the
+                   AR training videos' anchors weighted by the anchor's action posterior)
     anchor-match   clusters and posterior on anchored clips, the published centroids un-anchored
 
 Measured 2026-12-05 (demo store, world seeds 0 and 1): docs/known_gaps.md, "Anonymizer v6".
@@ -51,6 +54,8 @@ from splavu_core.evaluation.suite import load_feature_sets
 from splavu_core.ingest.datasets import task_datasets
 from splavu_core.store.feature_store import FeatureStore
 
+KNOBS = ("default", "k", "tau", "sample", "clusters", "blind", "wapp", "ninit", "still", "dyn", "anchor", "match",
+         "ctx")
 METRICS = ("leakage_removed", "linkage_removed", "retention_top1", "retention_map", "retention_auc")
 
 
@@ -59,15 +64,29 @@ def parse(name: str) -> dict:
     out = {}
     for part in name.split("-"):
         m = re.fullmatch(r"([a-z]+)([0-9.]*)", part)
-        if not m or m[1] not in ("default", "tau", "sample", "clusters", "blind", "wapp", "anchor", "match", "ninit", "still", "dyn"):
+        if not m or m[1] not in KNOBS:
             raise SystemExit(f"unknown member {name!r} (see the module doc)")
         out[m[1]] = float(m[2]) if m[2] else True
     return out
 
 
-def with_anchor(data, raw, anchors, mu):
+def with_anchor(data, raw, anchors, mu, context=False):
+    """Each clip minus its video's anchor (plus the training anchors' mean); context: plus the anchor's expected
+    action context instead, the AR training videos' mean anchor of each action weighted by a shrunk LDA's posterior
+    of the video's anchor (utility labels only): what a still frame says about the action, in class averages."""
+    shift = {i: mu for i in anchors}
+    if context:
+        from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+
+        a = np.stack([anchors[v.video_id] for v in data.ar_train])
+        y = np.array([v.meta["action"] for v in data.ar_train])
+        lda = LinearDiscriminantAnalysis(solver="lsqr", shrinkage="auto").fit(a, y)
+        means = np.stack([a[y == c].mean(0) for c in lda.classes_])                    # (C, D)
+        ids = list(anchors)
+        shift = dict(zip(ids, lda.predict_proba(np.stack([anchors[i] for i in ids])) @ means))
+
     def f(v):
-        return dataclasses.replace(v, feats=(v.feats - (anchors[v.video_id] - mu)).astype(np.float32))
+        return dataclasses.replace(v, feats=(v.feats - anchors[v.video_id] + shift[v.video_id]).astype(np.float32))
     d = dataclasses.replace(data, ar_train=[f(v) for v in data.ar_train], ar_val=[f(v) for v in data.ar_val],
                             tad_train=[f(v) for v in data.tad_train], ad_train=[f(v) for v in data.ad_train])
     return d, {k: [f(v) for v in vs] for k, vs in raw.items()}
@@ -77,7 +96,7 @@ def member_map(m: dict, data, data_out, cfg: TrainConfig):
     """(clip latents matched (T, D), clip latents published (T, D)) -> (T, k) for one video."""
     cfg = cfg.replace(recentre_cluster_clips=int(m.get("clusters", cfg.recentre_cluster_clips)),
                       keep_w_app=float(m.get("wapp", cfg.keep_w_app)))
-    k = cfg.adapter["keep"]
+    k = int(m.get("k", cfg.adapter["keep"]))
     fit = fit_utility_keep(data, cfg.tasks, k, cfg)
     fit_out = fit_utility_keep(data_out, cfg.tasks, k, cfg) if data_out is not data else fit
     clips = np.concatenate([apply_keep(fit, v.feats) for v in recentre_pool(data, cfg.tasks)]).astype(np.float64)
@@ -156,6 +175,7 @@ def main(argv=None):
         anchors = dict(zip(z["ids"].tolist(), z["anchors"]))
         mu = np.mean([anchors[v.video_id] for v in data.ar_train + data.tad_train + data.ad_train], 0)
         anchored = with_anchor(data, raw, anchors, mu)
+        contexted = with_anchor(data, raw, anchors, mu, context=True)
 
     def emit(name, seed, feats, t):
         rows = score_features(store, split="val", seeds=range(args.probe_seeds), which=which, features=feats)
@@ -171,9 +191,10 @@ def main(argv=None):
         emit(f"pca_{k}", None, trivial.baseline_sets(raw, trivial.training_clips(raw, datasets), k)[f"pca_{k}"], t)
     for name in args.members:
         m = parse(name)
-        if (m.get("anchor") or m.get("match")) and anchored is None:
+        if (m.get("anchor") or m.get("match") or m.get("ctx")) and anchored is None:
             raise SystemExit(f"{name}: pass --anchors")
-        fit_data, fit_raw = anchored if m.get("anchor") or m.get("match") else (data, raw)
+        uses_anchor = m.get("anchor") or m.get("match")
+        fit_data, fit_raw = contexted if m.get("ctx") else anchored if uses_anchor else (data, raw)
         out_data, out_raw = (data, raw) if m.get("match") else (fit_data, fit_raw)
         for seed in args.cluster_seeds:
             t = time.perf_counter()

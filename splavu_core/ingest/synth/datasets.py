@@ -87,6 +87,12 @@ def _attrs(actor: Actor) -> dict[str, int]:
     return {f"attr_{k}": v for k, v in actor.attributes().items()}
 
 
+def _subject(dataset: str, pool: str, index: int) -> str:
+    """Who a TAD / AD video shows: one actor of a split's pool plays in several videos, so the bootstrap resamples
+    the actor, not the video (its videos are not independent draws). The same draws as before: bytes unchanged."""
+    return f"{dataset}_{pool}_{index:03d}"
+
+
 def _actor_pools(rng, sizes):
     return {s: [random_actor(rng) for _ in range(n)] for s, n in zip(("train", "val", "test"), sizes)}
 
@@ -157,25 +163,27 @@ def _plan_tad(name, cfg, rng, base):
     pools, plans = _actor_pools(rng, (40, 10, 20)), []
     lo, hi = cfg["tad_frames"]
 
-    def one(rng, split, pool, i, _j):
+    def one(rng, split, pool, i, _j, subject=None):
         n_frames = int(rng.integers(lo // CLIP_LEN, hi // CLIP_LEN + 1)) * CLIP_LEN
         timeline = _timeline(rng, n_frames, int(rng.integers(1, 5)), cfg["actions"], 24, 56)
         segs = [[round(a / FPS, 4), round(b / FPS, 4), act] for act, a, b in timeline]
-        actor = pool[int(rng.integers(len(pool)))]
-        return VideoPlan(name, f"{name}_{i:05d}", split, actor, timeline, n_frames, _key(base, i),
-                         row={"segments": json.dumps(segs), **_attrs(actor)})
+        a = int(rng.integers(len(pool)))
+        return VideoPlan(name, f"{name}_{i:05d}", split, pool[a], timeline, n_frames, _key(base, i),
+                         row={"segments": json.dumps(segs), "subject_id": _subject(name, subject or split, a),
+                              **_attrs(pool[a])})
 
     for split, n in zip(("train", "val", "test"), cfg["tad"]):
         for j in range(n):
             plans.append(one(rng, split, pools[split], len(plans), j))
-    return _evaluation_extra("tad", cfg, base, plans, one)
+    return _evaluation_extra("tad", cfg, base, plans, lambda rng, split, pool, i, j: one(rng, split, pool, i, j,
+                                                                                         f"{split}x"))
 
 
 def _plan_ad(name, cfg, rng, base):
     pools, plans = _actor_pools(rng, (40, 1, 20)), []
     lo, hi = cfg["ad_frames"]
 
-    def one(rng, split, pool, i, j):
+    def one(rng, split, pool, i, j, subject=None):
         n_frames = int(rng.integers(lo // CLIP_LEN, hi // CLIP_LEN + 1)) * CLIP_LEN
         timeline = _timeline(rng, n_frames, int(rng.integers(2, 6)), cfg["normal"], 24, 64)
         anomalous = j % 2 == 1
@@ -185,15 +193,16 @@ def _plan_ad(name, cfg, rng, base):
                 _, a, b = timeline[k]
                 timeline[k] = (ANOMALIES[int(rng.integers(len(ANOMALIES)))], a, b)
                 intervals.append([round(a / FPS, 4), round(b / FPS, 4)])
-        actor = pool[int(rng.integers(len(pool)))]
-        return VideoPlan(name, f"{name}_{i:05d}", split, actor, timeline, n_frames, _key(base, i),
+        a = int(rng.integers(len(pool)))
+        return VideoPlan(name, f"{name}_{i:05d}", split, pool[a], timeline, n_frames, _key(base, i),
                          row={"anomaly": int(anomalous), "anomaly_intervals": json.dumps(sorted(intervals)),
-                              **_attrs(actor)})
+                              "subject_id": _subject(name, subject or split, a), **_attrs(pool[a])})
 
     for split, n in zip(("train", "test"), cfg["ad"]):
         for j in range(n):
             plans.append(one(rng, split, pools[split], len(plans), j))
-    return _evaluation_extra("ad", cfg, base, plans, one)
+    return _evaluation_extra("ad", cfg, base, plans, lambda rng, split, pool, i, j: one(rng, split, pool, i, j,
+                                                                                        f"{split}x"))
 
 
 def _plan_bias(name, cfg, rng, base):
