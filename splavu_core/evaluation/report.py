@@ -110,8 +110,8 @@ def interval_cell(row: dict, key: str, raw: dict) -> str:
         return fmt_cell(row, key)
     cell = fmt_interval(st)
     raw_st = (raw.get("intervals") or {}).get(key) or {}
-    if raw_st.get("signal") is False:
-        return cell + (" no signal" if row["name"] == "raw" else "")
+    if raw_st.get("signal") is False:  # no change claimed; whether the fit saw the task is still the row's
+        return cell + (" no signal" if row["name"] == "raw" else _seen_mark(row, key))
     d = (row.get("changes") or {}).get(key)
     return cell + (f"; {fmt_delta(d)}" if d is not None and row["name"] != "raw" else "") + _seen_mark(row, key)
 

@@ -89,8 +89,9 @@ def _attrs(actor: Actor) -> dict[str, int]:
 
 def _subject(dataset: str, pool: str, index: int) -> str:
     """Who a TAD / AD video shows: one actor of a split's pool plays in several videos, so the bootstrap resamples
-    the actor, not the video (its videos are not independent draws). The same draws as before: bytes unchanged."""
-    return f"{dataset}_{pool}_{index:03d}"
+    the actor, not the video (its videos are not independent draws). The same draws as before: bytes unchanged.
+    Hyphens: no AR subject id ("train_003") is a substring of it, which a byte scan for a forgotten id would match."""
+    return f"{dataset}-{pool}-{index:03d}"
 
 
 def _actor_pools(rng, sizes):
