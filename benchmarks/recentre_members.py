@@ -56,7 +56,7 @@ from splavu_core.store.feature_store import FeatureStore
 
 KNOBS = ("default", "k", "tau", "sample", "clusters", "blind", "wapp", "ninit", "still", "dyn", "anchor", "match",
          "ctx")
-METRICS = ("leakage_removed", "linkage_removed", "retention_top1", "retention_map", "retention_auc")
+METRICS = ("leakage_removed", "linkage_removed", "retention_top1", "retention_mAP", "retention_auc")
 
 
 def parse(name: str) -> dict:
