@@ -162,6 +162,9 @@ def main(argv=None):
     ap.add_argument("--which", default="privacy,clip_privacy,reid,ar")
     ap.add_argument("--probe-seeds", type=int, default=5)
     ap.add_argument("--pca", action="store_true", help="also score the same-width PCA (trivial baseline)")
+    ap.add_argument("--unseen", action="store_true",
+                    help="also each utility task of --which refitted WITHOUT its labels (leave one task out): "
+                         "'<task>_unseen' keys")
     args = ap.parse_args(argv)
     store = FeatureStore(args.store)
     which = args.which.split(",")
@@ -177,12 +180,14 @@ def main(argv=None):
         anchored = with_anchor(data, raw, anchors, mu)
         contexted = with_anchor(data, raw, anchors, mu, context=True)
 
-    def emit(name, seed, feats, t):
-        rows = score_features(store, split="val", seeds=range(args.probe_seeds), which=which, features=feats)
-        line = {"member": name, "cluster_seed": seed, "seconds": round(time.perf_counter() - t, 1)}
-        for r in rows:
-            if r["feature_set"] == "candidate" and r["metric"] in METRICS:
-                line[r["task"]] = [round(r[x], 3) for x in ("value", "ci_low", "ci_high")]
+    def scored(feats, tasks, suffix=""):
+        rows = score_features(store, split="val", seeds=range(args.probe_seeds), which=tasks, features=feats)
+        return {r["task"] + suffix: [round(r[x], 3) for x in ("value", "ci_low", "ci_high")]
+                for r in rows if r["feature_set"] == "candidate" and r["metric"] in METRICS}
+
+    def emit(name, seed, feats, t, extra=None):
+        line = {"member": name, "cluster_seed": seed, **scored(feats, which), **(extra or {}),
+                "seconds": round(time.perf_counter() - t, 1)}
         print(json.dumps(line), flush=True)
 
     if args.pca:
@@ -196,12 +201,18 @@ def main(argv=None):
         uses_anchor = m.get("anchor") or m.get("match")
         fit_data, fit_raw = contexted if m.get("ctx") else anchored if uses_anchor else (data, raw)
         out_data, out_raw = (data, raw) if m.get("match") else (fit_data, fit_raw)
+        def features(c):
+            f = member_map(m, fit_data, out_data, c)
+            return {d: [dataclasses.replace(v0, feats=f(v.feats, v0.feats)) for v, v0 in zip(vs, out_raw[d])]
+                    for d, vs in fit_raw.items()}
+
         for seed in args.cluster_seeds:
             t = time.perf_counter()
-            f = member_map(m, fit_data, out_data, cfg.replace(seed=seed))
-            feats = {d: [dataclasses.replace(v0, feats=f(v.feats, v0.feats)) for v, v0 in zip(vs, out_raw[d])]
-                     for d, vs in fit_raw.items()}
-            emit(name, seed, feats, t)
+            extra = {}
+            for task in [x for x in cfg.tasks if x in which] if args.unseen else []:
+                others = tuple(x for x in cfg.tasks if x != task)
+                extra.update(scored(features(cfg.replace(seed=seed, tasks=others)), [task], "_unseen"))
+            emit(name, seed, features(cfg.replace(seed=seed)), t, extra)
 
 
 if __name__ == "__main__":

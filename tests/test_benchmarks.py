@@ -85,13 +85,14 @@ def test_cluster_seeds(store_copy):
 
 def test_recentre_members(store_copy):
     out = run_bench("recentre_members", "--store", store_copy, "--members", "default", "sample-tau4", "clusters200",
-                    "--cluster-seeds", 0, "--probe-seeds", 2, "--which", "privacy,ar", "--pca")
+                    "--cluster-seeds", 0, "--probe-seeds", 2, "--which", "privacy,ar", "--pca", "--unseen")
     assert [(o["member"], o["cluster_seed"]) for o in out[1:]] == [("default", 0), ("sample-tau4", 0),
                                                                    ("clusters200", 0)]
     assert out[0]["member"].startswith("pca_") and out[0]["cluster_seed"] is None
     for o in out:
         value, low, high = o["privacy"]
         assert low <= value <= high and o["ar"] is not None
+    assert all("ar_unseen" in o for o in out[1:])  # AR refitted without its labels, per member
 
 
 def test_publish():
