@@ -95,6 +95,15 @@ def test_recentre_members(store_copy):
     assert all("ar_unseen" in o for o in out[1:])  # AR refitted without its labels, per member
 
 
+def test_gbdt_stability(store_copy):
+    out = run_bench("gbdt_stability", "--store", store_copy, "--draws", 1, "--seeds", 2)
+    draws, summary = out[:-1], out[-1]
+    assert [d["draw"] for d in draws] == [-1, 0] and summary["summary"] == "cmap over draws"
+    for name in ("gbdt", "gbdt_seeded", "linear"):
+        assert all(0.0 <= d[name] <= 1.0 for d in draws)
+        assert summary[name]["min"] <= summary[name]["max"] and summary[name]["sd"] >= 0
+
+
 def test_publish():
     out = run_bench("publish", "--clips", 800, "--rows-meta", 2000, "--repeats", 1, "--query-runs", 1)
     assert out["ratio_anonymize_vs_parquet_only"] > 0 and set(out["clips_per_s"]) == {"anonymize", "parquet_only"}
