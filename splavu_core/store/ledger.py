@@ -364,9 +364,13 @@ def _verdict_one(measure: dict, threshold: float) -> tuple[bool, str]:
     if high is not None and high >= threshold:
         return False, (f"{what} {lr:.3f} [{low:.3f}, {high:.3f}]{by}{_on(measure)} holds the budget {threshold:g}: "
                        f"undecidable; {power_advice(measure, threshold)}")
-    return False, (f"{what} {lr:.3f} (95% CI low {low:.3f}){by} < budget {threshold:g}: FAILED; another keep width "
-                   f"may remove more (`splavu curve` scores them on this store, then `splavu train --config "
-                   f"'{{\"keep\": K}}'`)")
+    return False, f"{what} {lr:.3f} (95% CI low {low:.3f}){by} < budget {threshold:g}: FAILED; {WIDTH_ADVICE}"
+
+
+# The gate's one piece of advice about the width: narrower is not always more private (on both demo encoders k = 8
+# removed no more close-up leakage than k = 11), so it points at the store's own curve.
+WIDTH_ADVICE = ("another keep width may remove more (`splavu curve` scores them on this store, then `splavu train "
+                "--config '{\"keep\": K}'`)")
 
 
 def _on(measure: dict) -> str:
@@ -380,13 +384,11 @@ def power_advice(measure: dict, threshold: float) -> str:
     """What would decide an interval that holds the budget. The interval's half-width shrinks about as
     1/sqrt(validation videos); when the point estimate clears the budget, the videos (and people, at this store's
     videos per person) that would bring the lower end up to it; otherwise more data would most likely confirm a
-    fail, and another width is the step (narrower is not always more private: on both demo encoders k = 8 removed no
-    more close-up leakage than k = 11)."""
+    fail, and another width is the step (WIDTH_ADVICE)."""
     lr, low, n = measure["leakage_removed"], measure["leakage_removed_ci_low"], measure.get("n_videos")
     if lr <= threshold or not n:
-        return (f"its estimate {lr:.3f} is {'below' if lr <= threshold else 'above'} the budget; another keep width "
-                f"may remove more (`splavu curve` scores them on this store, then `splavu train --config "
-                f"'{{\"keep\": K}}'`), and more validation videos narrow the interval")
+        return (f"its estimate {lr:.3f} is {'below' if lr <= threshold else 'above'} the budget; {WIDTH_ADVICE}, "
+                f"and more validation videos narrow the interval")
     needed = math.ceil(n * ((lr - low) / (lr - threshold)) ** 2)
     more = max(1, needed - n)
     people = measure.get("n_subjects")
