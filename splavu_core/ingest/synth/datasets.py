@@ -111,10 +111,10 @@ def _plan_ar(name, cfg, rng, base):
         for action in cfg["actions"]:
             for _ in range(per_action):
                 plans.append(one(rng, split, pools[split], len(plans), action, split))
-    actions = cfg["actions"]  # extras: actions in turn, so each split stays balanced; actors of their own ("x")
+    actions = cfg["actions"]  # extras: actions in turn, so each split stays balanced
     return _evaluation_extra("ar", cfg, base, plans,
-                             lambda rng, split, pool, i, j: one(rng, split, pool, i, actions[j % len(actions)],
-                                                                f"{split}x"), pools=(20, 20))
+                             lambda rng, split, pool, i, j, who: one(rng, split, pool, i, actions[j % len(actions)],
+                                                                     who), pools=(20, 20))
 
 
 def _plan_privacy(name, cfg, rng, base):
@@ -149,14 +149,15 @@ def _timeline(rng, n_frames, n_segments, vocabulary, min_len, max_len):
 
 def _evaluation_extra(name, cfg, base, plans, plan_one, pools=(10, 20)):
     """The scale's extra evaluation videos (`<name>_extra`: (val, test) counts), planned AFTER every other video of
-    the dataset from a generator of their own, with actors of their own: the videos planned before (and so the
-    AAM's training set) are the same with or without them. Evaluation-only: no static clips are encoded."""
+    the dataset from a generator of their own, with actors of their own (pool "<split>x", passed to plan_one as
+    `who`): the videos planned before (and so the AAM's training set) are the same with or without them.
+    Evaluation-only: no static clips are encoded."""
     n_val, n_test = cfg.get(f"{name}_extra", (0, 0))
     rng = np.random.default_rng([*base, 2])
     extra = dict(zip(("val", "test"), (([random_actor(rng) for _ in range(n)]) for n in pools)))
     for split, n in (("val", n_val), ("test", n_test)):
         for j in range(n):
-            plans.append(plan_one(rng, split, extra[split], len(plans), j))
+            plans.append(plan_one(rng, split, extra[split], len(plans), j, f"{split}x"))
     return plans
 
 
@@ -164,27 +165,26 @@ def _plan_tad(name, cfg, rng, base):
     pools, plans = _actor_pools(rng, (40, 10, 20)), []
     lo, hi = cfg["tad_frames"]
 
-    def one(rng, split, pool, i, _j, subject=None):
+    def one(rng, split, pool, i, _j, who=None):
         n_frames = int(rng.integers(lo // CLIP_LEN, hi // CLIP_LEN + 1)) * CLIP_LEN
         timeline = _timeline(rng, n_frames, int(rng.integers(1, 5)), cfg["actions"], 24, 56)
         segs = [[round(a / FPS, 4), round(b / FPS, 4), act] for act, a, b in timeline]
         a = int(rng.integers(len(pool)))
         return VideoPlan(name, f"{name}_{i:05d}", split, pool[a], timeline, n_frames, _key(base, i),
-                         row={"segments": json.dumps(segs), "subject_id": _subject(name, subject or split, a),
+                         row={"segments": json.dumps(segs), "subject_id": _subject(name, who or split, a),
                               **_attrs(pool[a])})
 
     for split, n in zip(("train", "val", "test"), cfg["tad"]):
         for j in range(n):
             plans.append(one(rng, split, pools[split], len(plans), j))
-    return _evaluation_extra("tad", cfg, base, plans, lambda rng, split, pool, i, j: one(rng, split, pool, i, j,
-                                                                                         f"{split}x"))
+    return _evaluation_extra("tad", cfg, base, plans, one)
 
 
 def _plan_ad(name, cfg, rng, base):
     pools, plans = _actor_pools(rng, (40, 1, 20)), []
     lo, hi = cfg["ad_frames"]
 
-    def one(rng, split, pool, i, j, subject=None):
+    def one(rng, split, pool, i, j, who=None):
         n_frames = int(rng.integers(lo // CLIP_LEN, hi // CLIP_LEN + 1)) * CLIP_LEN
         timeline = _timeline(rng, n_frames, int(rng.integers(2, 6)), cfg["normal"], 24, 64)
         anomalous = j % 2 == 1
@@ -197,13 +197,12 @@ def _plan_ad(name, cfg, rng, base):
         a = int(rng.integers(len(pool)))
         return VideoPlan(name, f"{name}_{i:05d}", split, pool[a], timeline, n_frames, _key(base, i),
                          row={"anomaly": int(anomalous), "anomaly_intervals": json.dumps(sorted(intervals)),
-                              "subject_id": _subject(name, subject or split, a), **_attrs(pool[a])})
+                              "subject_id": _subject(name, who or split, a), **_attrs(pool[a])})
 
     for split, n in zip(("train", "test"), cfg["ad"]):
         for j in range(n):
             plans.append(one(rng, split, pools[split], len(plans), j))
-    return _evaluation_extra("ad", cfg, base, plans, lambda rng, split, pool, i, j: one(rng, split, pool, i, j,
-                                                                                        f"{split}x"))
+    return _evaluation_extra("ad", cfg, base, plans, one)
 
 
 def _plan_bias(name, cfg, rng, base):
