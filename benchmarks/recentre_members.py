@@ -46,7 +46,7 @@ from sklearn.cluster import KMeans
 
 from splavu_core.aam.closed_form import fit_utility_keep, n_centroids, recentre_pool
 from splavu_core.aam.config import TrainConfig
-from splavu_core.aam.keep import apply_keep
+from splavu_core.aam.keep import apply_keep, fit_recentre
 from splavu_core.aam.training_data import load_training_data
 from splavu_core.evaluation import trivial
 from splavu_core.evaluation.scoring import score_features
@@ -113,29 +113,29 @@ def member_map(m: dict, data, data_out, cfg: TrainConfig):
     else:
         lab = KMeans(n_centroids(data, cfg.tasks, cfg), n_init=int(m.get("ninit", 4)),
                      random_state=cfg.seed).fit_predict(clips)
-    ids = np.unique(lab)
-    cent = np.stack([clips[lab == i].mean(0) for i in ids])                               # (C, k) matched
-    cent_out = np.stack([out[lab == i].mean(0) for i in ids])                             # (C, k) published
-    within = clips - cent[np.searchsorted(ids, lab)]
+    labels = np.array([f"c{i:05d}" for i in lab])
     if m.get("still"):  # still clusters: k-means of the training static clips, each published as ONE still vector
         st = data.static.reshape(-1, data.static.shape[-1])
         sk = apply_keep(fit, st).astype(np.float64)
         n = max(2, round(len(sk) / cfg.recentre_cluster_clips * float(m["still"] if m["still"] is not True else 1)))
         slab = KMeans(n, n_init=4, random_state=cfg.seed).fit_predict(sk)
-        scent = np.stack([sk[slab == i].mean(0) for i in range(n)])
-        cent = np.concatenate([cent, scent])
-        cent_out = np.concatenate([cent_out, np.repeat(apply_keep(fit_out, data_out.static.reshape(st.shape)).mean(
-            0, keepdims=True), n, 0)])
-        within = np.concatenate([within, sk - scent[slab]])
-    cov = np.cov(within, rowvar=False)
-    cov += 1e-3 * np.trace(cov) / k * np.eye(k)
+        clips, labels = np.concatenate([clips, sk]), np.concatenate([labels, [f"s{i:05d}" for i in slab]])
+        still = apply_keep(fit_out, data_out.static.reshape(st.shape)).mean(0, keepdims=True)
+        out = np.concatenate([out, np.repeat(still, len(sk), 0)])
+    # the default's own fit (centroids, shrunk shared precision, gate): the matched rows' clusters; what a
+    # centroid publishes is the mean of the same rows as published (un-anchored, still vector)
+    rfit = fit_recentre(clips, labels, cfg.recentre_quantile, per_clip=True)
+    classes = np.unique(labels)
+    cent, prec, gate = rfit.centroids.astype(np.float64), rfit.precision.astype(np.float64), float(rfit.gate)
+    cent_out = np.stack([out[labels == c].mean(0) for c in classes])                  # (C, k) published
     if m.get("blind"):
         st = data.static
         app = apply_keep(fit, st.reshape(-1, st.shape[-1])).reshape(len(st), st.shape[1], k).mean(1)
         a = np.cov(app.astype(np.float64), rowvar=False)
-        cov = cov + m["blind"] * a * np.trace(cov) / np.trace(a)
-    prec = np.linalg.inv(cov)
-    gate = np.quantile(np.einsum("vk,kl,vl->v", within, prec, within), cfg.recentre_quantile)
+        cov = np.linalg.inv(prec)
+        prec = np.linalg.inv(cov + m["blind"] * a * np.trace(cov) / np.trace(a))
+        within = clips - cent[np.searchsorted(classes, labels)]
+        gate = np.quantile(np.einsum("vk,kl,vl->v", within, prec, within), cfg.recentre_quantile)
     tau = float(m.get("tau", 1.0))
 
     def f(x, x_out):
