@@ -24,6 +24,8 @@ from splavu_core.tasks.heads import (
     pad_sequences,
     sigmoid_focal_loss,
     stack_tad_targets,
+    nms_1d,
+    nms_1d_rows,
     tad_decode,
     tad_loss,
     tad_targets,
@@ -122,6 +124,30 @@ def test_tad_decode_places_the_segment_and_suppresses_duplicates():
     soft = tad_decode(logits, reg, starts, starts + 0.5, nms="soft")
     assert len(soft) == 2 and soft[0][:3] == pytest.approx((1.5, 3.0, 1))
     assert soft[1][3] == pytest.approx(math.exp(-1 / 0.5) / (1 + math.exp(-4)), rel=1e-5)  # Gaussian decay, IoU 1
+
+
+@pytest.mark.parametrize("method", ["soft", "hard"])
+def test_nms_rows_stepped_together_equal_one_nms_per_row(method):
+    """tad_decode runs every class of a video in one nms_1d_rows call: each row must come out exactly as its own
+    NMS over its own candidates would (no row's step changes another's; ties go to the lowest index)."""
+    rng = np.random.default_rng(3)
+    for trial in range(60):
+        n, r = int(rng.integers(1, 40)), int(rng.integers(1, 9))
+        segs = np.sort(rng.uniform(0, 10, (n, 2)), 1)
+        if trial % 4 == 0:
+            segs[: n // 2] = segs[0]                       # duplicate segments: IoU 1
+        scores = rng.uniform(0, 1, (r, n)).round(1 if trial % 3 == 0 else 6)   # coarse scores: ties
+        alive = rng.uniform(size=(r, n)) < 0.7
+        rows = nms_1d_rows(segs, scores, method, 0.5, 0.5, 1e-3, alive)
+        for i, (idx, kept) in enumerate(rows):
+            cand = np.flatnonzero(alive[i])
+            if not len(cand):
+                assert len(idx) == 0
+                continue
+            want_segs, want = nms_1d(segs[cand], scores[i, cand], method, 0.5, 0.5, 1e-3)
+            np.testing.assert_array_equal(segs[idx], want_segs)
+            np.testing.assert_array_equal(kept, want)
+            assert len(set(idx)) == len(idx) and set(idx) <= set(cand)
 
 
 # ================================================================ AD head

@@ -167,22 +167,45 @@ def tad_loss(cls_logits: torch.Tensor, reg: torch.Tensor, targets: dict[str, tor
 def nms_1d(segments: np.ndarray, scores: np.ndarray, method: str = "soft", iou_threshold: float = 0.5,
            sigma: float = 0.5, min_score: float = 1e-3) -> tuple[np.ndarray, np.ndarray]:
     """1-D NMS on (N, 2) segments. 'hard' drops overlaps > iou_threshold; 'soft' (Gaussian) decays them."""
+    segments = np.asarray(segments, np.float64).reshape(-1, 2)
+    (idx, kept), = nms_1d_rows(segments, np.asarray(scores, np.float64)[None], method, iou_threshold, sigma, min_score)
+    return segments[idx].reshape(-1, 2), kept
+
+
+def nms_1d_rows(segments: np.ndarray, scores: np.ndarray, method: str = "soft", iou_threshold: float = 0.5,
+                sigma: float = 0.5, min_score: float | None = None, alive: np.ndarray | None = None
+                ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """One 1-D NMS per row of scores (R, N) over the same (N, 2) segments (a video's classes share its clips'
+    segments), all rows stepped together: per row, (indices kept in the order chosen, their scores). alive (R, N)
+    says which candidates each row starts with (default: all). Each row gets exactly the arithmetic of a one-row
+    NMS: the lowest-index maximum is chosen, the same IoUs decay the same float64 scores."""
     assert method in ("soft", "hard"), f"nms method must be 'soft' or 'hard', got {method!r}"
-    segments, scores = np.asarray(segments, np.float64).reshape(-1, 2), np.asarray(scores, np.float64).copy()
-    kept_segs, kept_scores = [], []
-    alive = np.arange(len(scores))
-    while len(alive):
-        best = alive[np.argmax(scores[alive])]
-        kept_segs.append(segments[best])
-        kept_scores.append(scores[best])
-        alive = alive[alive != best]
-        ious = segment_iou(segments[best], segments[alive])
+    seg = np.asarray(segments, np.float64).reshape(-1, 2)
+    sc = np.array(scores, np.float64, ndmin=2)                                # (R, N), a copy: decayed in place
+    live = np.ones(sc.shape, bool) if alive is None else np.array(alive, bool)
+    s, e = seg[:, 0], seg[:, 1]
+    inter = np.clip(np.minimum(e[:, None], e[None]) - np.maximum(s[:, None], s[None]), 0, None)   # (N, N)
+    iou = inter / np.maximum((e - s)[:, None] + (e - s)[None] - inter, 1e-12)  # row i: segment_iou(seg[i], seg)
+    picks: list[list[int]] = [[] for _ in range(len(sc))]
+    values: list[list[float]] = [[] for _ in range(len(sc))]
+    rows = np.flatnonzero(live.any(1))
+    while len(rows):
+        best = np.where(live[rows], sc[rows], -np.inf).argmax(1)             # (r,)
+        for r, b in zip(rows, best):
+            picks[r].append(b)
+            values[r].append(sc[r, b])
+        live[rows, best] = False
+        ious = iou[best]                                                      # (r, N)
         if method == "hard":
-            alive = alive[ious <= iou_threshold]
+            live[rows] &= ious <= iou_threshold
         else:
-            scores[alive] *= np.exp(-(ious ** 2) / sigma)
-            alive = alive[scores[alive] >= min_score]
-    return np.asarray(kept_segs).reshape(-1, 2), np.asarray(kept_scores)
+            sub = sc[rows]
+            sub[live[rows]] *= np.exp(-(ious[live[rows]] ** 2) / sigma)
+            sc[rows] = sub
+            if min_score is not None:
+                live[rows] &= sc[rows] >= min_score
+        rows = rows[live[rows].any(1)]
+    return [(np.asarray(p, np.int64), np.asarray(v, np.float64)) for p, v in zip(picks, values)]
 
 
 def tad_decode(cls_logits, reg, clip_start_s, clip_end_s, score_threshold: float = 1e-3, nms: str = "soft",
@@ -200,14 +223,10 @@ def tad_decode(cls_logits, reg, clip_start_s, clip_end_s, score_threshold: float
     lo, hi = float(clip_start_s[0]), float(clip_end_s[-1])
     starts = np.clip(t0 + (centres - reg[:, 0]) * dur, lo, hi)  # (T,) seconds
     ends = np.clip(t0 + (centres + reg[:, 1]) * dur, lo, hi)
-    dets = []
-    for c in range(scores.shape[1]):
-        keep = (scores[:, c] > score_threshold) & (ends > starts)
-        if not keep.any():
-            continue
-        segs, sc = nms_1d(np.stack([starts[keep], ends[keep]], 1), scores[keep, c], nms, iou_threshold, sigma,
-                          min_score=score_threshold)
-        dets += [(float(s), float(e), c, float(p)) for (s, e), p in zip(segs, sc)]
+    alive = (scores.T > score_threshold) & (ends > starts)[None]               # (C, T): each class's candidates
+    kept = nms_1d_rows(np.stack([starts, ends], 1), scores.T, nms, iou_threshold, sigma, score_threshold, alive)
+    dets = [(float(starts[i]), float(ends[i]), c, float(p)) for c, (idx, sc) in enumerate(kept)
+            for i, p in zip(idx, sc)]
     dets.sort(key=lambda d: -d[3])
     return dets[:max_detections]
 
