@@ -245,3 +245,28 @@ def test_tad_map_of_every_resample_at_once_equals_one_call_per_resample():
             continue
         want = tad_map({k: dets[j] for k, j in enumerate(row)}, {k: gts[j] for k, j in enumerate(row)})
         np.testing.assert_allclose(got, [want["mAP"]] + [want[f"mAP@{t:g}"] for t in (.3, .4, .5, .6, .7)], atol=1e-12)
+
+
+@pytest.mark.parametrize("people", [False, True])
+def test_ar_top1_of_every_resample_at_once_equals_one_call_per_resample(people):
+    """ar_scored's fast path (resample counts) gives exactly the per-resample top-1 and per-class top-1, NaN where a
+    resample draws no video of the class, over video and over people resamples."""
+    from splavu_core.evaluation import protocols as P
+    from splavu_core.evaluation.stats import bootstrap_indices
+
+    rng = np.random.default_rng(2)
+    classes = ["a", "b", "c", "rare"]
+    n = 40
+    acts = ["rare" if i == 0 else classes[int(rng.integers(0, 3))] for i in range(n)]   # one video of 'rare'
+    test = [VideoFeatures(f"v{i}", "test", np.zeros((1, 2), np.float32), np.zeros(1), np.ones(1), 1, 1.0,
+                          {"action": a, "subject_id": f"p{i // 3}" if people else None}) for i, a in enumerate(acts)]
+    probs = rng.random((3, n, len(classes)))
+    sc = P.ar_scored(probs, test, classes)
+    idx = bootstrap_indices(n, 150, seed=4, clusters=sc.clusters)
+    assert (sc.clusters is not None) == people
+    for name, fn in sc.metrics.items():
+        for s in range(3):
+            fast = fn.resamples(s, idx)
+            slow = np.array([fn(s, np.asarray(i)) for i in idx])
+            np.testing.assert_array_equal(fast, slow, err_msg=name)
+    assert np.isnan(sc.metrics["class_top1[rare]"].resamples(0, idx)).any()

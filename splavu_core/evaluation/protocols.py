@@ -180,12 +180,21 @@ def ar_scored(probs: np.ndarray, test: Videos, classes: Sequence[str]) -> Scored
         i = _sel(n, idx)
         return float((pred[s, i] == true[i]).mean())
 
+    def share_right(s, idx, of):  # every resample at once: right / drawn among the videos `of`, NaN where none drawn
+        counts = resample_counts(idx, n)[:, of]                                # (B, n_of)
+        drawn = counts.sum(1)
+        right = counts[:, pred[s, of] == true[of]].sum(1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(drawn > 0, right / np.maximum(drawn, 1), np.nan)
+
     def per_class(c):
         def f(s, idx):
             i = _sel(n, idx)
             i = i[true[i] == c]
             return float((pred[s, i] == c).mean()) if len(i) else np.nan
-        return f
+        return stats.with_resamples(f, lambda s, idx: share_right(s, idx, true == c), remember=False)
+
+    stats.with_resamples(top1, lambda s, idx: share_right(s, idx, np.ones(n, bool)), remember=False)
 
     metrics = {"top1": top1, **{f"class_top1[{classes[c]}]": per_class(c) for c in sorted(set(true))}}
     chance = {k: 1.0 / len(classes) for k in metrics}
