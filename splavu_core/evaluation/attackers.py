@@ -20,6 +20,7 @@ a feature set is the suite member with the highest mean cMAP on it (the attacker
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -156,17 +157,22 @@ def _linear(d: AttackData, seeds: Sequence[int]) -> list[np.ndarray]:
 
 def _gbdt(d: AttackData, seeds: Sequence[int]) -> list[np.ndarray]:
     """Histogram gradient boosting per attribute on clips as given (trees ignore scale); no subsampling and no
-    early stopping, so one fit stands for every seed."""
+    early stopping, so one fit stands for every seed. The attributes' fits run side by side, one thread each
+    (their OpenMP threads beside torch's ran 8x slower on 2 busy cores): 4.9 -> 3.1 s on the demo's action clips,
+    the same probabilities."""
     from sklearn.ensemble import HistGradientBoostingClassifier
     from threadpoolctl import threadpool_limits
 
-    cols = []
-    with threadpool_limits(1):  # its OpenMP threads beside torch's ran 8x slower on 2 busy cores
-        for a in range(d.y.shape[1]):
+    def fit(a: int) -> np.ndarray:
+        with threadpool_limits(1):  # per thread: OpenMP's thread count is each calling thread's own setting
             m = HistGradientBoostingClassifier(max_iter=GBDT_ROUNDS, max_leaf_nodes=GBDT_LEAVES, learning_rate=0.1,
                                                early_stopping=False, random_state=0)
             m.fit(d.x, d.y[:, a].astype(int))
-            cols.append(m.predict_proba(d.xt)[:, 1])
+            return m.predict_proba(d.xt)[:, 1]
+
+    n_attr = d.y.shape[1]
+    with ThreadPoolExecutor(max(1, min(n_attr, torch.get_num_threads()))) as pool:  # the process's thread budget
+        cols = list(pool.map(fit, range(n_attr)))
     return [d.video_mean(np.stack(cols, 1))] * len(seeds)
 
 
