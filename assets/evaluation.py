@@ -123,7 +123,7 @@ def evaluate_tasks(context, store: StoreResource, config: EvalConfig, tasks: tup
             continue
         sets[name] = load_feature_sets(baseline_store, tasks, "raw", datasets=datasets)
     res = score_sets(sets, tasks, datasets, split="test", seeds=seeds, probe_kwargs=kw,
-                     versions={SPLAVU: version}, log=context.log.info)
+                     versions={SPLAVU: version}, log=context.log.info, store=feature_store)
     rows = list(res)
     paths = write_metric_rows(feature_store, rows) if rows else []
     md = {"aam_version": version, "rows": len(rows), "seeds": dg.MetadataValue.json(seeds),

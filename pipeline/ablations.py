@@ -156,7 +156,7 @@ _RAW_SCORED: dict[str, dict] = {}  # raw_key -> task -> raw's (Scored, why): the
 def _score(store: FeatureStore, config: AblationConfig, sets: dict, raw_key: str, versions=None, log=None):
     return score_sets(sets, TASKS, config.datasets(store), split="test", seeds=config.seeds(),
                       probe_kwargs=config.probe_kwargs(), versions=versions, log=log,
-                      reference_cache=_RAW_SCORED.setdefault(raw_key, {}))
+                      reference_cache=_RAW_SCORED.setdefault(raw_key, {}), store=store)
 
 
 def raw_baseline(store: FeatureStore, config: AblationConfig, raw=None, log=None) -> tuple[list[dict], str]:

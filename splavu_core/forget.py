@@ -44,6 +44,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from splavu_core.evaluation import score_cache
 from splavu_core.ingest.datasets import ROLES, registered, roles_of
 from splavu_core.publish.anonymized_tables import anonymized_key, feature_matrix, published_shards
 from splavu_core.serve.catalog import build_catalog, catalog_dir
@@ -417,6 +418,12 @@ def erase_caches(store: FeatureStore, ids: set, needles) -> list[dict]:
     """Every other table or report that names the videos: rows dropped (a video_id table) or the file deleted (a
     cache or report, which its producer writes again: gate caches, `splavu evaluate`'s reports)."""
     pat, rows = _Needles(needles), []
+    kept_scores = [key for key, _ in store.files.walk(score_cache.ROOT)]
+    for key in kept_scores:  # outputs about the scored people, keyed by content: none names them, all go
+        store.files.delete(key)
+    if kept_scores:
+        rows.append({"layer": score_cache.ROOT.split("/")[0], "item": score_cache.ROOT, "files_removed": len(kept_scores),
+                     "note": "protocol outputs kept between runs (score cache): deleted"})
     for key, _ in store.files.walk(""):
         top = key.split("/", 1)[0]
         if top in SHARD_LAYERS or top in KEPT_OUT_OF_SWEEP or "/" not in key or top.startswith("."):

@@ -177,24 +177,27 @@ def test_the_demo_cost_section_says_what_each_stage_scored_and_reused(tmp_path, 
     """StageClock counts, per stage, the measurements scoring ran and those it took from the run's caches (the
     gates' share moved out of publishing with their seconds); the report's cost section prints them."""
     from pipeline.demo import StageClock
-    from splavu_core.evaluation import scoring
+    from splavu_core.evaluation import score_cache, scoring
     from splavu_core.evaluation.report import costs_markdown
     from splavu_core.store import costs
     from splavu_core.store.feature_store import FeatureStore
 
     monkeypatch.setattr(scoring, "MEASUREMENTS", {"scored": 5, "reused": 1})  # an earlier run in this process
+    monkeypatch.setattr(score_cache, "COUNTS", {"hit": 3, "miss": 2})
     clock = StageClock()
     clock.lap("fit")
     scoring.MEASUREMENTS.update(scored=17, reused=1)
     clock.lap("publish")
     clock.split_gates({"run_seconds": {"a": {"seconds": 30.0, "gates": True}, "b": {"seconds": 2.0, "gates": False}}})
     scoring.MEASUREMENTS.update(scored=40, reused=9)
+    score_cache.COUNTS.update(hit=10)
     clock.lap("evaluate")
-    assert clock.measurements == {"gates": {"scored": 12, "reused": 0}, "evaluate": {"scored": 23, "reused": 8}}
+    assert clock.measurements == {"gates": {"scored": 12, "reused": 0, "read_back": 0},
+                                  "evaluate": {"scored": 23, "reused": 8, "read_back": 7}}
     assert clock.stages["gates"] == 28.0
 
     store = FeatureStore(tmp_path / "store")
     costs.record_demo(store, {**clock.stages, "install": None}, {}, measurements=clock.measurements)
     md = "\n".join(costs_markdown(costs.compare(store, "v0", [], {})))
     assert "Measurements (a task's protocol on one feature set): gates 12 scored, 0 reused; evaluate 23 scored, " \
-           "8 reused." in md
+           "8 reused (7 reader or attacker runs read back from the store's score cache)." in md

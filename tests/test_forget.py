@@ -27,6 +27,7 @@ from pipeline.cli import main
 from pipeline.runner import materialize_shard, run_reanonymize
 from splavu_core import forget as fg
 from splavu_core.publish import anonymized_tables as pub
+from splavu_core.evaluation import score_cache
 from splavu_core.serve import analyst
 from splavu_core.serve import catalog as cat
 from splavu_core.store import forget_records as erasure
@@ -166,9 +167,13 @@ def test_forget_subject_leaves_no_byte_of_them_and_refits(env, capsys):
     assert ids and sum(len(v) for v in vectors) > 2 * len(ids)
     assert scan(local_files(env.root), ids, vectors)  # the scan does find them before
     untouched = {k: v for k, v in local_files(env.root).items() if k.startswith("latents/privacy-000/")}
+    # a kept protocol output (score cache): outputs about them, named by a hash only; an erasure deletes them all
+    planted = "cache/scores/" + "0" * 40 + ".npz"
+    env.feature_store.files.put_atomic(planted, score_cache.encode(("ar", {"probs": np.zeros((1, 2, 3))})))
 
     rc, out, err = cli(capsys, "--store", str(env.root), "forget", "--subject", subject, "--reason", "consent withdrawn")
     assert rc == 0, err
+    assert not env.feature_store.files.exists(planted)
     assert "none holds any of the" in out and "check after the refit" in out and ".mp4" in out  # their files named
     assert scan(local_files(env.root), ids | {subject}, vectors) == []
     # an unaffected shard is untouched, byte for byte
@@ -189,6 +194,7 @@ def test_forget_subject_leaves_no_byte_of_them_and_refits(env, capsys):
     raw = [r for r in log if r["layer"] == "raw_latents"]
     assert raw and all(r["rows_removed"] > 0 and r["hash_before"] != r["hash_after"] for r in raw)
     assert {r["step"] for r in log} == {"erase", "refit"} and any(r["item"] == env.v1 for r in log)
+    assert any(r["layer"] == "cache" and r["item"] == score_cache.ROOT for r in log)
 
 
 def test_forget_a_training_subject_through_the_job_as_the_ui_launches_it(env):

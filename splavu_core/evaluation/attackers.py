@@ -21,12 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from splavu_core.evaluation import score_cache
 from splavu_core.tasks.metrics import cmap
 
 HIDDEN = 512
@@ -203,7 +204,15 @@ def run_attackers(d: AttackData, seeds: Sequence[int], names: Sequence[str] = tu
     """name -> per-seed test-video probabilities (Vt, A) of each attacker in `names`."""
     unknown = set(names) - set(RUNNERS)
     assert not unknown, f"unknown attacker(s) {sorted(unknown)}; the suite is {sorted(RUNNERS)}"
-    return {n: RUNNERS[n](d, list(seeds), **mlp_kw) for n in names}
+    k = score_cache.key("attackers", [getattr(d, f.name) for f in fields(d)], list(seeds), list(names), mlp_kw) \
+        if score_cache.on() else None
+    kept = score_cache.fetch(k) if k else None
+    if kept is not None:
+        return kept
+    out = {n: RUNNERS[n](d, list(seeds), **mlp_kw) for n in names}
+    if k:
+        score_cache.keep(k, out)
+    return out
 
 
 def strongest(mean_cmap: dict[str, float]) -> str:

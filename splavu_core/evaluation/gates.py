@@ -135,7 +135,7 @@ def measure_gates(store: FeatureStore, version: str, base_seed: int = 0, n_seeds
     kw = dict(probe_kwargs or {})  # the gate is judged by the suite alone (the width-following attacker never judges)
     kw["privacy"] = {"attackers": SUITE_NAMES, **(kw.get("privacy") or {})}
     res = score_sets({"raw": raw, "splavu": anon}, which, ds, split="val", seeds=seeds, probe_kwargs=kw,
-                     versions={"splavu": version})
+                     versions={"splavu": version}, store=store)
     rows = list(res)
     _IN_PROCESS[version] = {"seeds": seeds, "probe": kw, "datasets": {t: ds[t] for t in which}, "shards": shard_state,
                             "scored": res.scored, "videos": anon}

@@ -234,7 +234,7 @@ def score_family(store: FeatureStore, inp: FamilyInputs, sets: dict, members: li
     reuse = reuse or {}
     rows = score_sets({"raw": inp.raw, **sets}, inp.which, inp.datasets, split=split, seeds=list(seeds), log=log,
                       probe_kwargs=PROBE_KWARGS, reference_cache=dict(reuse.get("reference_cache") or {}) or None,
-                      scored=reuse.get("scored"))
+                      scored=reuse.get("scored"), store=store)
     for m in members + marks:
         m.update(summarise(rows, m["name"]))
     return [{k: r[k] for k in ("task", "metric", "value", "ci_low", "ci_high", "chance")} for r in rows

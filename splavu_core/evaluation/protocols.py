@@ -87,6 +87,7 @@ class Scored:
     n_boot: int = 200                     # bootstrap resamples of the test videos
     clusters: np.ndarray | None = None    # (n_test,) the person of each bootstrap unit (subject_clusters): the
     #                                       bootstrap resamples people; None: no person holds two units
+    outputs: tuple | None = None          # (kind, what the probes output): `from_outputs` builds it again (score_cache)
 
 
 def subject_clusters(videos: Videos) -> np.ndarray | None:
@@ -200,7 +201,7 @@ def ar_scored(probs: np.ndarray, test: Videos, classes: Sequence[str]) -> Scored
     chance = {k: 1.0 / len(classes) for k in metrics}
     return Scored("ar", metrics, chance, len(probs), n, [v.video_id for v in test],
                   details={"classes": classes, "pred": pred, "true": true}, same_outputs=bool((pred == pred[0]).all()),
-                  clusters=subject_clusters(test))
+                  clusters=subject_clusters(test), outputs=("ar", {"probs": probs, "classes": classes}))
 
 
 def bias(train: Videos, test: Videos, seeds: Sequence[int] = seeds_from(), **kw) -> Scored:
@@ -265,7 +266,7 @@ def ad_scored(scores: list[list[np.ndarray]], fl: list[np.ndarray], test: Videos
     same = all(np.allclose(flat[0], f, atol=1e-4) for f in flat[1:])
     fast = stats.with_resamples(auc, lambda s, idx: auc_resamples(y_all, flat[s], video_of, idx))
     return Scored("ad", {"auc": fast}, {"auc": 0.5}, len(scores), n, [v.video_id for v in test], same_outputs=same,
-                  clusters=subject_clusters(test))
+                  clusters=subject_clusters(test), outputs=("ad", {"scores": scores}))
 
 
 def auc_resamples(y: np.ndarray, s: np.ndarray, video_of: np.ndarray, idx) -> np.ndarray:
@@ -402,7 +403,20 @@ def tad_scored(dets: list, gts: list, test: Videos, tious: Sequence[float], n_bo
     return Scored("tad", {m: at(m) for m in names}, {"mAP": float(np.mean(null)), **{m: None for m in names[1:]}},
                   len(dets), n, [v.video_id for v in test], details={"tious": list(tious)},
                   same_outputs=all(d is dets[0] for d in dets[1:]), n_boot=n_boot,  # mAP is costly to re-score
-                  clusters=subject_clusters(test))
+                  clusters=subject_clusters(test), outputs=("tad", {"dets": dets, "tious": list(tious), "n_boot": n_boot}))
+
+
+def from_outputs(outputs: tuple, test: Videos) -> Scored:
+    """The Scored of a protocol's kept outputs (Scored.outputs) on the same test videos: what the protocol returned."""
+    kind, o = outputs
+    if kind == "ar":
+        return ar_scored(o["probs"], test, o["classes"])
+    if kind == "ad":
+        return ad_scored(o["scores"], [frame_labels(v) for v in test], test)
+    if kind == "tad":
+        gts = [[tuple(seg) for seg in v.meta.get("segments") or []] for v in test]
+        return tad_scored(o["dets"], gts, test, o["tious"], o["n_boot"])
+    raise ValueError(f"from_outputs: unknown kind {kind!r}")
 
 
 # ---------------------------------------------------------------- privacy

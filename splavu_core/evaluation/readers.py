@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from splavu_core.evaluation import protocols as P
+from splavu_core.evaluation import score_cache
 from splavu_core.evaluation.attackers import Standardiser
 from splavu_core.tasks.metrics import frame_labels, frame_scores
 
@@ -139,6 +140,18 @@ def _forward(layers: list[torch.Tensor], x: torch.Tensor, dropout: float = 0.0, 
 # ---------------------------------------------------------------- the suite as one Scored per task
 
 def _run(task: str, reader: str, train, test, seeds, kw: dict) -> P.Scored:
+    """One reader's Scored; its outputs come from the store's score cache when they were computed before."""
+    k = score_cache.key("reader", task, reader, list(train), list(test), list(seeds), kw) if score_cache.on() else None
+    kept = score_cache.fetch(k) if k else None
+    if kept is not None:
+        return P.from_outputs(kept, test)
+    sc = _fit(task, reader, train, test, seeds, dict(kw))
+    if k and sc.outputs is not None:
+        score_cache.keep(k, sc.outputs)
+    return sc
+
+
+def _fit(task: str, reader: str, train, test, seeds, kw: dict) -> P.Scored:
     if task == "ar":
         return (P.action_recognition if reader == "linear" else action_recognition_mlp)(train, test, seeds, **kw)
     if task == "ad":

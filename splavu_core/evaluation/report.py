@@ -339,10 +339,13 @@ def demo_markdown(demo: Mapping | None) -> list[str]:
 
 def measurements_line(measured: Mapping | None) -> str | None:
     """One line: per stage, the measurements (a task's protocol on one feature set, split and seeds) it scored and
-    those it reused from the run's caches (the same measurement taken earlier in the run is never scored again)."""
+    those it reused from the run's caches (the same measurement taken earlier in the run is never scored again), and
+    how many of the scored ones' reader and attacker runs came from the store's score cache (score_cache.py)."""
     if not measured:
         return None
     parts = [f"{stage} {m.get('scored', 0)} scored, {m.get('reused', 0)} reused"
+             + (f" ({m['read_back']} reader or attacker runs read back from the store's score cache)"
+                if m.get("read_back") else "")
              for stage, m in ((s, measured[s]) for s in DEMO_STAGES if s in measured)]
     return "Measurements (a task's protocol on one feature set): " + "; ".join(parts) + "."
 

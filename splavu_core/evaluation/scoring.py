@@ -26,6 +26,7 @@ import numpy as np
 
 from splavu_core.evaluation import protocols as P
 from splavu_core.evaluation import readers as R
+from splavu_core.evaluation import score_cache
 from splavu_core.evaluation import stats
 from splavu_core.tasks.features import VideoFeatures
 
@@ -226,7 +227,7 @@ MEASUREMENTS = {"scored": 0, "reused": 0}
 
 
 def measurement_counts() -> dict[str, int]:
-    return dict(MEASUREMENTS)
+    return {**MEASUREMENTS, "read_back": score_cache.COUNTS["hit"]}
 
 
 def _remember(key: str, value) -> None:
@@ -250,14 +251,22 @@ def score_sets(sets: Mapping[str, Mapping[str, Sequence[VideoFeatures]]], which:
                probe_kwargs: Mapping[str, dict] | None = None, reference: str = "raw",
                versions: Mapping[str, str | None] | None = None, created_at=None,
                log: Callable[[str], None] | None = None, reference_cache: dict | None = None,
-               scored: Mapping[str, Mapping[str, P.Scored]] | None = None) -> EvalResult:
+               scored: Mapping[str, Mapping[str, P.Scored]] | None = None, store=None) -> EvalResult:
     """Score every feature set in `sets` (name -> dataset -> videos) on the tasks `which`, with intervals.
     The reference set (default 'raw') is scored first; the others get paired changes against it.
     datasets: task -> dataset name. versions: feature set -> aam_version (None for raw/baselines).
     reference_cache: task -> the reference's (Scored, attributes), filled here and reused when present: the
     caller keys it by the reference's videos, seeds and probe settings (the ablations score raw once).
     scored: name -> task -> a Scored of that set's videos with these seeds and settings, used instead of running the
-    task (with a reference_cache holding the raw it was paired with)."""
+    task (with a reference_cache holding the raw it was paired with).
+    store: the readers' and attackers' outputs are kept in (and taken from) its score cache (score_cache.py)."""
+    with score_cache.kept_in(store):
+        return _score_sets(sets, which, datasets, split, seeds, probe_kwargs, reference, versions, created_at, log,
+                           reference_cache, scored)
+
+
+def _score_sets(sets, which, datasets, split, seeds, probe_kwargs, reference, versions, created_at, log,
+                reference_cache, scored) -> EvalResult:
     probe_kwargs = dict(probe_kwargs or {})
     versions = dict(versions or {})
     created_at = created_at or _now()

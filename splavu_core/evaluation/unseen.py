@@ -77,7 +77,7 @@ def leave_one_task_out(store: FeatureStore, version: str, split: str = "test", s
         if log:
             log(f"unseen {task}: fitted on {', '.join(tasks) or 'no task (motion directions)'}")
         res = score_sets({"raw": inp.raw, **sets}, [task], inp.datasets, split=split, seeds=list(seeds), log=log,
-                         versions={n: version for n in sets}, reference_cache=reference_cache)
+                         versions={n: version for n in sets}, reference_cache=reference_cache, store=store)
         rows += [r for r in res if r["feature_set"] != "raw"]
         raw_sc = res.scored.get(task, {}).get("raw")
         fits[task] = {"fitted_on": list(tasks), "reader": raw_sc.details.get("strongest") if raw_sc else None,
