@@ -640,7 +640,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--regenerate", action="store_true")
     p.add_argument("--with", dest="extras", metavar="GROUPS",
                    help=f"also run these dataset groups, comma-separated ({', '.join(demo.DEMO_EXTRAS)}); not by default")
-    p.add_argument("--full", action="store_true", help="every dataset of the benchmark (= --with bias,gait)")
+    p.add_argument("--full", action="store_true", help="every dataset of the benchmark (= --with bias)")
     p.add_argument("--encoder", default="demo", choices=sorted(DEMO_ENCODERS),
                    help="the shipped encoder: 'demo' (trained with appearance heads) or 'action' (actions + masked "
                         "reconstruction only, as real VFMs are); a store holds one encoder's latents")

@@ -270,3 +270,34 @@ def test_ar_top1_of_every_resample_at_once_equals_one_call_per_resample(people):
             slow = np.array([fn(s, np.asarray(i)) for i in idx])
             np.testing.assert_array_equal(fast, slow, err_msg=name)
     assert np.isnan(sc.metrics["class_top1[rare]"].resamples(0, idx)).any()
+
+
+def test_gait_retrieval_learns_its_metric_on_people_it_never_queries():
+    """Walks of one person share a weak gait signature in a few dimensions; clothes change every walk and swamp it.
+    Nearest neighbour on the raw means reads little; the LDA fitted on the other folds' people finds the signature.
+    Folds hold whole people, and a person in one fold is never among the people its metric was fitted on."""
+    from splavu_core.evaluation import protocols as P
+
+    rng = np.random.default_rng(5)
+    people, walks, d = 24, 4, 32
+    vids = []
+    for p in range(people):
+        gait = np.zeros(d)
+        gait[:4] = rng.normal(0, 1.0, 4)                               # the person's signature
+        for w in range(walks):
+            clothes = rng.normal(0, 4.0, d)
+            clothes[:4] = 0.0
+            feats = (gait + clothes + rng.normal(0, 0.3, (2, d))).astype(np.float32)
+            vids.append(VideoFeatures(f"p{p}_w{w}", "test", feats, np.zeros(2), np.ones(2), 2, 1.0,
+                                      {"subject_id": f"person_{p}", "action": "walk_left"}))
+    sc = P.gait_retrieval(vids)
+    fold = P.gait_folds(np.array([v.meta["subject_id"] for v in vids], dtype=object))
+    assert len(set(fold)) == 4 and all(len({fold[i] for i in range(len(vids)) if vids[i].meta["subject_id"] == s}) == 1
+                                       for s in {v.meta["subject_id"] for v in vids})
+    chance = sc.chance["top1"]
+    assert chance == pytest.approx(3 / 23)                             # 6 people x 4 walks per fold
+    lda, cos = sc.metrics["top1[lda]"](0, None), sc.metrics["top1[cosine]"](0, None)
+    assert sc.details["strongest"] == "lda" and lda > 0.8 and cos < 0.5 and sc.metrics["top1"](0, None) == lda
+    # one walk per person: nothing to retrieve, said so rather than scored
+    with pytest.raises(AssertionError, match="walks again"):
+        P.gait_retrieval([v for v in vids if v.video_id.endswith("_w0")])

@@ -6,7 +6,7 @@ bootstrap and every interval are computed from them again, so a hit gives the ro
 
 The key: a hash of everything the outputs depend on: the protocol and its settings, the seeds, every training and
 scored video's id, split, labels, clip times and feature bytes, the source of the code that computes them
-(splavu_core/evaluation and splavu_core/tasks), the numeric libraries' versions, torch's thread count and the CPU
+(OUTPUT_CODE, splavu_core/tasks, threads.py), the numeric libraries' versions, torch's thread count and the CPU
 kind. Any changed byte, label, setting or line of that code is another key; an old entry is never read as new.
 
 Only while a store is named (`kept_in(store)`: the gates, `splavu evaluate`, the curve); elsewhere nothing is read or
@@ -28,6 +28,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = "cache/scores"
+# the modules whose code computes the kept outputs (with splavu_core/tasks and threads.py): an edit there is a new key
+OUTPUT_CODE = ("protocols.py", "readers.py", "attackers.py", "score_cache.py")
 _STORE: contextvars.ContextVar = contextvars.ContextVar("splavu_score_cache", default=None)
 COUNTS = {"hit": 0, "miss": 0}
 
@@ -54,7 +56,7 @@ def code_version() -> str:
 
     h = hashlib.blake2b(digest_size=16)
     root = Path(__file__).resolve().parents[1]
-    for f in sorted([*root.glob("evaluation/*.py"), *root.glob("tasks/*.py")]):
+    for f in sorted([*(root / "evaluation" / n for n in OUTPUT_CODE), *root.glob("tasks/*.py"), root / "threads.py"]):
         h.update(f.name.encode() + b"\0" + f.read_bytes())
     h.update(repr((np.__version__, torch.__version__, sklearn.__version__, platform.machine(),
                    torch.backends.cpu.get_cpu_capability())).encode())
