@@ -287,7 +287,10 @@ def render_results(report_path: Path, commit: str | None = None, machine: str | 
 
     out.append(_render_curve(report_path.parent / "keep_family.json", curve_png))
 
-    stages = demo.get("stages") or {}
+    from splavu_core.store.costs import DEMO_STAGES
+
+    got = demo.get("stages") or {}  # pipeline order, whatever order the stored JSON has
+    stages = {s: got[s] for s in DEMO_STAGES if s in got} | {s: v for s, v in got.items() if s not in DEMO_STAGES}
     if stages:
         out += ["\n## `make demo`, stage by stage (wall seconds)\n\n",
                 _table(list(stages), [[_seconds(v) for v in stages.values()]])]
