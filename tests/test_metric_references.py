@@ -265,17 +265,34 @@ def test_reid_rank1_and_map_equal_sklearn_average_precision_per_query():
     np.testing.assert_allclose(emb["cosine"], z / np.linalg.norm(z, axis=1, keepdims=True), atol=1e-6)
 
 
-def test_gait_top1_equals_sklearn_nearest_neighbour():
+def test_gait_top1_equals_sklearn_nearest_neighbour_within_folds():
+    """Per fold of people: StandardScaler (cosine) or sklearn's shrinkage LDA (lda) fitted on the other folds, then
+    sklearn's cosine nearest neighbour among the fold's other walks."""
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+
     rng = np.random.default_rng(9)
     subjects = np.repeat(np.arange(10), 3)
     feats = rng.normal(size=(10, 5))[subjects] * 0.7 + rng.normal(size=(30, 5))
     vids = _videos(feats, subjects, ["walk"] * 30)
-    z = StandardScaler().fit_transform(feats)
-    nn = NearestNeighbors(n_neighbors=2, metric="cosine").fit(z).kneighbors(z, return_distance=False)
-    other = np.where(nn[:, 0] == np.arange(30), nn[:, 1], nn[:, 0])      # the nearest video that is not itself
+    fold = P.gait_folds(np.array([str(s) for s in subjects], dtype=object))
+    assert len(set(fold)) == 4
+    want = {"cosine": np.zeros(30), "lda": np.zeros(30)}
+    chance = np.zeros(30)
+    for f in set(fold):
+        te, tr = np.flatnonzero(fold == f), np.flatnonzero(fold != f)
+        scaler = StandardScaler().fit(feats[tr])
+        emb = {"cosine": scaler.transform(feats[te]),
+               "lda": LinearDiscriminantAnalysis(solver="eigen", shrinkage="auto").fit(
+                   scaler.transform(feats[tr]), subjects[tr]).transform(scaler.transform(feats[te]))}
+        for name, e in emb.items():
+            nn = NearestNeighbors(n_neighbors=2, metric="cosine").fit(e).kneighbors(e, return_distance=False)
+            other = np.where(nn[:, 0] == np.arange(len(te)), nn[:, 1], nn[:, 0])   # the nearest walk not itself
+            want[name][te] = subjects[te][other] == subjects[te]
+        chance[te] = 2 / (len(te) - 1)
     sc = P.gait_retrieval(vids)
-    assert sc.metrics["top1"](0, None) == pytest.approx(np.mean(subjects[other] == subjects))
-    assert sc.chance["top1"] == pytest.approx(2 / 29)
+    for name in ("cosine", "lda"):
+        assert sc.metrics[f"top1[{name}]"](0, None) == pytest.approx(want[name].mean())
+    assert sc.chance["top1"] == pytest.approx(chance.mean())
 
 
 def test_knn_attacker_equals_sklearn_nearest_neighbours():
