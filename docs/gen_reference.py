@@ -281,6 +281,8 @@ def render_results(report_path: Path, commit: str | None = None, machine: str | 
     if unseen:
         out += ["\n", "\n".join(unseen).replace("### ", "## ", 1)]
 
+    out.append(_render_interactions(report_path.parent.parent / "metrics", version))
+
     out.append(_render_compared(report_path.parent / "ablations.json", rows))
 
     out.append(_render_gates(report_path.parent / "gates" / f"{version}.json", version))
@@ -302,6 +304,44 @@ def render_results(report_path: Path, commit: str | None = None, machine: str | 
         if demo.get("left_out"):
             out.append("\n")
     return "".join(out)
+
+
+def _render_interactions(metrics_dir: Path, version: str | None) -> str:
+    """The benchmark's hand-object interaction classes, top-1 per feature set with its paired change against raw (the
+    store's test-split metric rows): where pixel anonymizers and splavu differ, since the action is in the person's
+    hands."""
+    import pyarrow.parquet as pq
+
+    from splavu_core.ingest.synth.figure import INTERACTIONS
+
+    files = sorted(metrics_dir.glob("*.parquet")) if metrics_dir.is_dir() else []
+    rows = [r for f in files for r in pq.read_table(f).to_pylist()
+            if r["split"] == "test" and r["task"] == "ar" and r["metric"].startswith(("class_top1[", "delta_class_top1["))
+            and r["aam_version"] in (None, version) and not r["feature_set"].startswith("unseen_")]  # the main table
+    at = {(r["feature_set"], r["metric"]): r for r in rows}
+    classes = [c for c in INTERACTIONS if ("raw", f"class_top1[{c}]") in at]
+    if not classes:
+        return ""
+    sets = ["raw"] + sorted({fs for fs, m in at if fs != "raw" and m == f"class_top1[{classes[0]}]"})
+
+    def cell(fs, c):
+        r, d = at.get((fs, f"class_top1[{c}]")), at.get((fs, f"delta_class_top1[{c}]"))
+        if r is None:
+            return "—"
+        text = f"{r['value']:.2f} [{r['ci_low']:.2f}, {r['ci_high']:.2f}]"
+        if d is not None:
+            change = f"{d['value']:+.2f} [{d['ci_low']:+.2f}, {d['ci_high']:+.2f}]"
+            text += f"; no change ({change})" if d["ci_low"] <= 0 <= d["ci_high"] else f"; {change}"
+        return text
+
+    body = [[fs] + [cell(fs, c) for c in classes] for fs in sets]
+    pixel = any(fs.startswith("pixel_") for fs in sets)
+    return "".join(["\n## Actions in the hands: the interaction classes\n\n",
+                    "AR top-1 on each hand-object interaction class of the benchmark [95% interval], with the paired "
+                    "change against raw. Pixel anonymizers blur or blacken the person, and with them what the hands "
+                    "hold; " + ("their rows are `pixel_*`." if pixel else "none was run on this store "
+                                "(`make baselines`).") + "\n\n",
+                    _table(["Features"] + classes, body)])
 
 
 CURVE_PNG = {"results": DOCS / "results_keep_family.png", "results_action": DOCS / "results_action_keep_family.png"}
