@@ -259,18 +259,24 @@ def _rebuild_catalog(store) -> None:
         print(f"note: the catalog was not rebuilt ({e}); run `splavu publish`", file=sys.stderr)
 
 
-def cmd_evaluate(args) -> int:
-    r = _runner()
-    root = _store_root(args)
-    store = FeatureStore(root)
-    current = current_version(store)
-    version = getattr(args, "version", None) or current
+def _version_to_score(store: FeatureStore, root, requested: str | None) -> str:
+    """--version, else the current version; a clear error naming the newest recorded one when there is none."""
+    version = requested or current_version(store)
     if not version:
         known = read_versions(store)["version"].to_pylist()
         if not known:
             raise StoreError(f"no AAM version in {root}: run `splavu train` and `splavu publish` first")
         raise StoreError(f"no AAM version is current in {root} (every recorded one was refused or is not published "
                          f"everywhere): score one explicitly with --version {known[-1]}")
+    return version
+
+
+def cmd_evaluate(args) -> int:
+    r = _runner()
+    root = _store_root(args)
+    store = FeatureStore(root)
+    current = current_version(store)
+    version = _version_to_score(store, root, getattr(args, "version", None))
     state = "the current version" if version == current else \
         f"NOT current (current: {current or 'none'}){'; ' + _refusal(store, version) if _refusal(store, version) else ''}"
     seed = getattr(args, "seed", 0) or 0
@@ -352,6 +358,8 @@ def cmd_baselines(args) -> int:
     r = _runner()
     root = _store_root(args)
     names = args.only or list(r.BASELINES)
+    if not args.no_evaluate:  # before minutes of extraction, not after them
+        _version_to_score(FeatureStore(root), root, args.version)
     print(f"pixel baselines {names} (person masks: {args.masks}): re-decoding and re-encoding the evaluation videos")
     t0 = time.perf_counter()
     r.run_baselines(r.instance(), r.StoreResource(root=root),
@@ -629,6 +637,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", nargs="*", help="datasets to re-extract (default: every evaluation dataset)")
     p.add_argument("--checkpoint", help="the raw store's encoder (default: the demo encoder)")
     p.add_argument("--no-evaluate", action="store_true", help="extract only")
+    p.add_argument("--version", help="AAM version to score them beside (default: the current one)")
     p.set_defaults(fn=cmd_baselines)
 
     p = add("demo", help="run the pipeline on the embedded synthetic benchmark")

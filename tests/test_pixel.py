@@ -167,3 +167,19 @@ def test_baseline_stores_are_their_own_and_never_touch_raw(tiny_store, run_basel
     # a rerun resumes: every shard already extracted with this transform is skipped
     again = run_baseline(root, "down4", datasets=["ar"])
     assert again["shards_extracted"] == 0 and again["shards_skipped"] == md["shards_extracted"]
+
+
+def test_baselines_without_a_version_to_score_stop_before_extracting(tiny_store, tmp_path, capsys):
+    """`splavu baselines` scores the baselines beside an AAM version: on a store with none it says so at once,
+    not after re-encoding every video; --no-evaluate extracts without one."""
+    from pipeline.cli import main
+
+    root = tmp_path / "store"
+    shutil.copytree(tiny_store, root)
+    shutil.rmtree(root / "baselines", ignore_errors=True)
+    for ledger in [*root.glob("aam_*"), root / "aam"]:  # whatever other tests recorded in the shared store
+        shutil.rmtree(ledger) if ledger.is_dir() else ledger.unlink(missing_ok=True)
+    assert main(["--store", str(root), "baselines", "--only", "down4", "--dataset", "ar"]) == 2
+    err = capsys.readouterr().err
+    assert "no AAM version" in err and "splavu train" in err
+    assert not (root / "baselines").exists()
