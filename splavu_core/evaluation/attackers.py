@@ -204,15 +204,9 @@ def run_attackers(d: AttackData, seeds: Sequence[int], names: Sequence[str] = tu
     """name -> per-seed test-video probabilities (Vt, A) of each attacker in `names`."""
     unknown = set(names) - set(RUNNERS)
     assert not unknown, f"unknown attacker(s) {sorted(unknown)}; the suite is {sorted(RUNNERS)}"
-    k = score_cache.key("attackers", [getattr(d, f.name) for f in fields(d)], list(seeds), list(names), mlp_kw) \
-        if score_cache.on() else None
-    kept = score_cache.fetch(k) if k else None
-    if kept is not None:
-        return kept
-    out = {n: RUNNERS[n](d, list(seeds), **mlp_kw) for n in names}
-    if k:
-        score_cache.keep(k, out)
-    return out
+    inputs = [getattr(d, f.name) for f in fields(d)]
+    return score_cache.computed("attackers", (inputs, list(seeds), list(names), mlp_kw),
+                                lambda: {n: RUNNERS[n](d, list(seeds), **mlp_kw) for n in names})
 
 
 def strongest(mean_cmap: dict[str, float]) -> str:

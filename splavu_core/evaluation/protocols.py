@@ -404,7 +404,8 @@ def tad_scored(dets: list, gts: list, test: Videos, tious: Sequence[float], n_bo
     return Scored("tad", {m: at(m) for m in names}, {"mAP": float(np.mean(null)), **{m: None for m in names[1:]}},
                   len(dets), n, [v.video_id for v in test], details={"tious": list(tious)},
                   same_outputs=all(d is dets[0] for d in dets[1:]), n_boot=n_boot,  # mAP is costly to re-score
-                  clusters=subject_clusters(test), outputs=("tad", {"dets": dets, "tious": list(tious), "n_boot": n_boot}))
+                  clusters=subject_clusters(test),
+                  outputs=("tad", {"dets": dets, "tious": list(tious), "n_boot": n_boot}))
 
 
 def from_outputs(outputs: tuple, test: Videos) -> Scored:

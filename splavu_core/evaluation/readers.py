@@ -141,14 +141,9 @@ def _forward(layers: list[torch.Tensor], x: torch.Tensor, dropout: float = 0.0, 
 
 def _run(task: str, reader: str, train, test, seeds, kw: dict) -> P.Scored:
     """One reader's Scored; its outputs come from the store's score cache when they were computed before."""
-    k = score_cache.key("reader", task, reader, list(train), list(test), list(seeds), kw) if score_cache.on() else None
-    kept = score_cache.fetch(k) if k else None
-    if kept is not None:
-        return P.from_outputs(kept, test)
-    sc = _fit(task, reader, train, test, seeds, dict(kw))
-    if k and sc.outputs is not None:
-        score_cache.keep(k, sc.outputs)
-    return sc
+    return score_cache.computed("reader", (task, reader, list(train), list(test), list(seeds), kw),
+                                lambda: _fit(task, reader, train, test, seeds, dict(kw)),
+                                to_kept=lambda sc: sc.outputs, from_kept=lambda o: P.from_outputs(o, test))
 
 
 def _fit(task: str, reader: str, train, test, seeds, kw: dict) -> P.Scored:

@@ -21,7 +21,7 @@ import hashlib
 import io
 import json
 import platform
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from pathlib import Path
 
@@ -100,6 +100,22 @@ def _feed(h, obj) -> None:
         h.update(f"S|{type(obj).__name__}|{obj!r}".encode())
     else:
         raise TypeError(f"score_cache.key: cannot key a {type(obj).__name__}")
+
+
+def computed(kind: str, parts: tuple, compute: Callable, to_kept: Callable = lambda x: x,
+             from_kept: Callable = lambda x: x):
+    """compute(), or what was kept under (kind, parts) in the named store (from_kept rebuilds it); a fresh result is
+    kept for the next run (to_kept: what of it to keep; None keeps nothing). No store named: compute() alone."""
+    if not on():
+        return compute()
+    k = key(kind, *parts)
+    kept = fetch(k)
+    if kept is not None:
+        return from_kept(kept)
+    out = compute()
+    if (form := to_kept(out)) is not None:
+        keep(k, form)
+    return out
 
 
 def fetch(k: str):
