@@ -603,10 +603,7 @@ def gait_retrieval(videos: Videos, folds: int = GAIT_FOLDS, **_) -> Scored:
     attacker and the strongest's; walks whose person has no other walk in the fold are not scored. Deterministic
     (one 'seed'); the bootstrap resamples people. Chance: the share of the same person's walks in each gallery.
     (Nearest neighbour on standardised means alone read the demo store's walks at chance.)"""
-    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
-
     subjects = np.array([str(v.meta.get("subject_id")) for v in videos], dtype=object)
-    means = _video_means(videos)
     fold = gait_folds(subjects, folds)
     n = len(videos)
     hits = {a: np.zeros(n) for a in GAIT_ATTACKERS}
@@ -618,18 +615,13 @@ def gait_retrieval(videos: Videos, folds: int = GAIT_FOLDS, **_) -> Scored:
         same = (subjects[te][:, None] == subjects[te][None]) & ~np.eye(len(te), dtype=bool)
         scorable[te] = same.any(1)
         chance[te] = same.sum(1) / max(len(te) - 1, 1)
-        if not len(tr):   # one fold: nothing to learn from; the statistics of the walks themselves, no LDA
-            tr = te
-        a, b = A.standardise(means[tr], means[te])
-        emb = {"cosine": b.astype(np.float64)}
-        names, counts = np.unique(subjects[tr], return_counts=True)
-        fit = np.isin(subjects[tr], names[counts >= 2])
-        if len(set(subjects[tr][fit])) >= 3 and not set(subjects[tr]) & set(subjects[te]):
-            emb["lda"] = LinearDiscriminantAnalysis(solver="eigen", shrinkage="auto").fit(
-                a[fit], subjects[tr][fit]).transform(b).astype(np.float64)
+        # re-identification's embeddings, learned on the other folds' people (one fold: the statistics of the walks
+        # themselves, and no LDA, which would be fitted on the people it queries)
+        emb = reid_embeddings([videos[i] for i in (tr if len(tr) else te)], [videos[i] for i in te])
+        if not len(tr):
+            emb.pop("lda", None)
         ran &= set(emb)
         for name, e in emb.items():
-            e = _unit(e)
             sim = e @ e.T
             np.fill_diagonal(sim, -np.inf)
             hits[name][te] = same[np.arange(len(te)), sim.argmax(1)]

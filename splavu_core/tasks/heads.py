@@ -183,9 +183,7 @@ def nms_1d_rows(segments: np.ndarray, scores: np.ndarray, method: str = "soft", 
     seg = np.asarray(segments, np.float64).reshape(-1, 2)
     sc = np.array(scores, np.float64, ndmin=2)                                # (R, N), a copy: decayed in place
     live = np.ones(sc.shape, bool) if alive is None else np.array(alive, bool)
-    s, e = seg[:, 0], seg[:, 1]
-    inter = np.clip(np.minimum(e[:, None], e[None]) - np.maximum(s[:, None], s[None]), 0, None)   # (N, N)
-    iou = inter / np.maximum((e - s)[:, None] + (e - s)[None] - inter, 1e-12)  # row i: segment_iou(seg[i], seg)
+    iou = segment_iou((seg[:, :1], seg[:, 1:]), seg)                         # (N, N): row i = segment i's IoUs
     picks: list[list[int]] = [[] for _ in range(len(sc))]
     values: list[list[float]] = [[] for _ in range(len(sc))]
     rows = np.flatnonzero(live.any(1))
