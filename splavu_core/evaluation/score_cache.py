@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from splavu_core.tasks.features import VideoFeatures
+
 ROOT = "cache/scores"
 # the modules whose code computes the kept outputs (with splavu_core/tasks and threads.py): an edit there is a new key
 OUTPUT_CODE = ("protocols.py", "readers.py", "attackers.py", "score_cache.py")
@@ -42,10 +44,6 @@ def kept_in(store) -> Iterator[None]:
         yield
     finally:
         _STORE.reset(token)
-
-
-def on() -> bool:
-    return _STORE.get() is not None
 
 
 @lru_cache(maxsize=1)
@@ -64,7 +62,8 @@ def code_version() -> str:
 
 
 def key(kind: str, *parts) -> str:
-    """Content key of one protocol run: kind, then its inputs (videos, arrays, settings)."""
+    """Content key of one measurement: kind, then its inputs (videos, arrays, settings). Also the in-process key of
+    scoring's memory of Scored (scoring._SCORES)."""
     import torch
 
     h = hashlib.blake2b(digest_size=20)
@@ -75,8 +74,6 @@ def key(kind: str, *parts) -> str:
 
 
 def _feed(h, obj) -> None:
-    from splavu_core.tasks.features import VideoFeatures
-
     if isinstance(obj, VideoFeatures):
         h.update(f"V|{obj.video_id}|{obj.split}|{obj.n_frames}|{obj.fps!r}|"
                  f"{sorted((k, repr(v)) for k, v in obj.meta.items())}|{obj.feats.shape}|{obj.feats.dtype}".encode())
@@ -106,19 +103,19 @@ def computed(kind: str, parts: tuple, compute: Callable, to_kept: Callable = lam
              from_kept: Callable = lambda x: x):
     """compute(), or what was kept under (kind, parts) in the named store (from_kept rebuilds it); a fresh result is
     kept for the next run (to_kept: what of it to keep; None keeps nothing). No store named: compute() alone."""
-    if not on():
+    if _STORE.get() is None:
         return compute()
     k = key(kind, *parts)
-    kept = fetch(k)
+    kept = _fetch(k)
     if kept is not None:
         return from_kept(kept)
     out = compute()
     if (form := to_kept(out)) is not None:
-        keep(k, form)
+        _keep(k, form)
     return out
 
 
-def fetch(k: str):
+def _fetch(k: str):
     """The outputs kept under k, or None (no store named, no entry, or an entry that does not decode)."""
     store = _STORE.get()
     if store is None:
@@ -136,7 +133,7 @@ def fetch(k: str):
     return out
 
 
-def keep(k: str, obj) -> None:
+def _keep(k: str, obj) -> None:
     store = _STORE.get()
     if store is not None:
         store.files.put_if_absent(f"{ROOT}/{k}.npz", encode(obj))  # same key, same bytes: the first writer wins

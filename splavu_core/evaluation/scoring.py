@@ -201,24 +201,14 @@ def _ratio(ref_fn, fn, n_seeds, n_test, chance, same=False, n_boot=stats.N_BOOT,
     return {**r, "value": value, "ci_low": value - (r["value"] - r["ci_low"]), "ci_high": value + (r["ci_high"] - r["value"])}
 
 
-# Scores in this process, by content: (task, split, seeds, probe settings, the attributes judged, and the videos' ids,
-# splits, labels and feature bytes). A protocol is seeded, so the same inputs give the same Scored: the gates, the
+# Scores in this process, by content (score_cache.key: task, split, seeds, probe settings, the attributes judged, and
+# the videos' ids, splits, labels, clip times and feature bytes). A protocol is seeded, so the same inputs give the same Scored: the gates, the
 # evaluation, its unseen-task rows and the curve of one run (`splavu demo`, `splavu evaluate`) score each such
 # measurement once, whatever feature set it is called (raw, or a same-width PCA fitted on the same clips in the main
 # table and again in the leave-one-task-out rows). Any changed byte, label, seed or setting is another key.
 # Bounded: the oldest entry goes first.
 _SCORES: dict = {}
 _SCORES_MAX = 128
-
-
-def _content_key(task: str, videos: Sequence[VideoFeatures], split: str, seeds, kw: Mapping,
-                 attributes: Sequence[str] | None = None) -> str:
-    h = hashlib.blake2b(repr((task, split, list(seeds), sorted((k, repr(v)) for k, v in kw.items()),
-                              None if attributes is None else list(attributes))).encode(), digest_size=16)
-    for v in videos:
-        h.update(f"{v.video_id}|{v.split}|{sorted((k, repr(x)) for k, x in v.meta.items())}|{v.feats.shape}".encode())
-        h.update(np.ascontiguousarray(v.feats).tobytes())
-    return h.hexdigest()
 
 
 # What this process measured and what it took from a cache (a reference_cache, a gates' Scored, or _SCORES): the
@@ -285,7 +275,8 @@ def _score_sets(sets, which, datasets, split, seeds, probe_kwargs, reference, ve
             cached = reference_cache.get(task) if reference_cache is not None and name == reference else None
             if task in (scored or {}).get(name, {}):
                 cached = (scored[name][task], None)
-            key = _content_key(task, videos, split, seeds, kw, attrs) if cached is None else None
+            key = score_cache.key("scored", task, split, list(seeds), dict(kw), attrs, videos) \
+                if cached is None else None
             if key is not None and key in _SCORES:
                 cached = _SCORES[key]
             MEASUREMENTS["reused" if cached is not None else "scored"] += 1
