@@ -571,7 +571,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int)
     p.add_argument("--datasets", nargs="*")
     p.add_argument("--benchmark", default=DEFAULT_BENCHMARK, choices=sorted(BENCHMARKS),
-                   help="v2 (default): adds hand-object interaction actions; v1: motion-only actions")
+                   help="v3 (default): v2 plus test videos of the bias sets' shortcut action; v2: adds hand-object "
+                        "interaction actions; v1: motion-only actions")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_synth)
 

@@ -223,7 +223,7 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
         assert st["chance"] is not None and st["n_seeds"] >= 1
     assert r["intervals"]["ar_top1"]["n_seeds"] == 5 and r["intervals"]["gait_top1"]["n_seeds"] == 1
     assert r["privacy_cmap"] == raw_c and s["privacy_cmap"] == anon_c and s["ar_top1"] == v(anon, "ar", "top1")
-    assert r["bias_f_gap"] == v(raw, "bias_f", "gap") and r["bias_m_gap"] is None  # bias_m: not in the store
+    assert r["bias_f_gap"] == v(raw, "bias_f", "shortcut_gap") and r["bias_m_gap"] is None  # bias_m: not in the store
     assert s["leakage_removed"] == pytest.approx(v(anon, "privacy", "leakage_removed"))
     # the same attack on the published action clips: train actors -> disjoint test actors
     raw_k, anon_k, chance_k = v(raw, "clip_privacy", "cmap"), v(anon, "clip_privacy", "cmap"), v(raw, "clip_privacy", "chance_cmap")

@@ -1,4 +1,5 @@
 """Heads, losses and the evaluation protocols on small synthetic features (CPU, seconds)."""
+import dataclasses
 import math
 
 import numpy as np
@@ -243,9 +244,49 @@ def test_bias_reports_groups_and_gap():
     for i, v in enumerate(train + test):
         v.meta["group"] = "fm"[i % 2]
     out = bias(train, test, seeds=[0])
-    assert set(out.metrics) == {"top1", "acc_f", "acc_m", "gap"}
+    assert set(out.metrics) == {"top1", "acc_f", "acc_m", "gap", "shortcut_gap"}
     assert _value(out, "gap") == pytest.approx(abs(_value(out, "acc_f") - _value(out, "acc_m")))
     assert _value(out, "top1") > 0.9
+
+
+def _shortcut_world(rng, n_train, n_test, readable_group):
+    """clap and punch look alike (means 0.3 apart, noise 1); in training clap is 95% group f, punch and wave 95% m.
+    The group shows in the last dimension only where `readable_group`."""
+    means = {"clap": np.r_[0.0, 0.0, 0.0], "punch": np.r_[0.3, 0.0, 0.0], "wave": np.r_[0.0, 5.0, 0.0]}
+    videos = []
+    for split, n in (("train", n_train), ("test", n_test)):
+        for i in range(n):
+            action = ("clap", "punch", "wave")[i % 3] if split == "train" else "clap"
+            if split == "train":
+                majority = "f" if action == "clap" else "m"
+                group = majority if rng.random() < 0.95 else ("m" if majority == "f" else "f")
+            else:
+                group = "fm"[i % 2]
+            x = means[action] + rng.normal(size=(3, 3))
+            x[:, 2] = (3.0 if group == "f" else -3.0) if readable_group else rng.normal(size=3)
+            videos.append(make_video(f"{split}{i}", x, split, action=action, group=group))
+    return [v for v in videos if v.split == "train"], [v for v in videos if v.split == "test"]
+
+
+def test_bias_shortcut_gap_is_signed_and_shows_a_group_shortcut():
+    """Where the group is readable the probe calls the favoured group's clap right and the other group's a punch:
+    the signed gap on the shortcut action is large; with the group unreadable it is centred on 0."""
+    from splavu_core.evaluation.protocols import shortcut
+    from splavu_core.evaluation.stats import interval
+
+    rng = np.random.default_rng(3)
+    train, test = _shortcut_world(rng, 600, 400, readable_group=True)
+    assert shortcut(train) == ("clap", "f")
+    out = bias(train, test, seeds=[0])
+    assert out.details == {"shortcut_action": "clap", "favoured_group": "f", "shortcut_test_videos": 400}
+    assert _value(out, "shortcut_gap") > 0.5
+    train, test = _shortcut_world(rng, 600, 400, readable_group=False)
+    out = bias(train, test, seeds=[0])
+    st = interval(out.metrics["shortcut_gap"], 1, out.n_test, same=True)
+    assert st["ci_low"] < 0 < st["ci_high"] and abs(_value(out, "shortcut_gap")) < 0.15
+    # the mirror split names the other group
+    flipped = [dataclasses.replace(v, meta={**v.meta, "group": "m" if v.meta["group"] == "f" else "f"}) for v in train]
+    assert shortcut(flipped) == ("clap", "m")
 
 
 def _private(n, split, rng, W, scale):

@@ -1,5 +1,7 @@
 """The synthetic benchmark: determinism, real H.264 decoded by decord, dataset contents."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -84,6 +86,44 @@ def test_bias_splits_are_skewed_then_balanced():
         assert test.count("f") == test.count("m")
 
 
+def test_v3_is_v2_plus_shortcut_test_videos_in_the_bias_sets_only():
+    v2, v3 = plan("demo", 0, "v2"), plan("demo", 0, "v3")
+    for name in v2:
+        assert v3[name][:len(v2[name])] == v2[name], name                      # v2's videos, in order, unchanged
+        extra = v3[name][len(v2[name]):]
+        if name not in ("bias_f", "bias_m"):
+            assert not extra, name
+            continue
+        assert len(extra) == 300 and {p.split for p in extra} == {"test"}
+        assert {p.row["action"] for p in extra} == {BIAS_ACTION}
+        groups = [p.row["group"] for p in extra]
+        assert groups.count("f") == groups.count("m") == 150
+        assert len({p.row["subject_id"] for p in v3[name]}) == len(v3[name])   # one person per video, as in v2
+        assert len({p.key for p in v3[name]}) == len(v3[name])
+
+
+def test_a_v3_run_keeps_the_v2_videos_it_shares(tmp_path):
+    """Only the bias sets differ: a v2 folder of gait is v3's (stamped v2); a v2 bias folder is upgraded in place."""
+    from splavu_core.ingest.synth.datasets import BenchmarkMismatch
+
+    generate(tmp_path, "tiny", seed=0, workers=1, datasets=("gait",), benchmark="v2")
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "gait" / "videos").iterdir()}
+    generate(tmp_path, "tiny", seed=0, workers=1, datasets=("gait",), benchmark="v3")
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "gait" / "videos").iterdir()} == before
+    assert json.loads((tmp_path / "gait" / "benchmark.json").read_text())["benchmark"] == "v2"
+    # a v2 bias folder is v3's first videos: kept, the shortcut test videos added, the stamp moved on
+    generate(tmp_path, "tiny", seed=0, workers=2, datasets=("bias_f",), benchmark="v2", masks=False)
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "bias_f" / "videos").iterdir()}
+    generate(tmp_path, "tiny", seed=0, workers=2, datasets=("bias_f",), benchmark="v3", masks=False)
+    after = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "bias_f" / "videos").iterdir()}
+    assert {k: after[k] for k in before} == before and len(after) == len(before) + 8
+    rows = load_manifest(tmp_path / "bias_f" / "manifest.csv").rows
+    assert len(rows) == len(after) and [r["action"] for r in rows[-8:]] == [BIAS_ACTION] * 8
+    assert json.loads((tmp_path / "bias_f" / "benchmark.json").read_text())["benchmark"] == "v3"
+    with pytest.raises(BenchmarkMismatch, match=r"bias_f holds benchmark .*'v3'.*not .*'v2'"):
+        generate(tmp_path, "tiny", seed=0, workers=1, datasets=("bias_f",), benchmark="v2")
+
+
 def test_static_privacy_videos_do_not_move(tiny_bench):
     root, _ = tiny_bench
     frames = DecordVideo(root / "privacy" / "videos/privacy_00000.mp4").all_frames().astype(int)
@@ -160,12 +200,12 @@ def test_tad_and_ad_videos_name_their_actor_so_intervals_resample_people():
         assert len(set(subject_clusters(videos).tolist())) == len(splits["test"]), name
 
 
-def test_v2_is_the_default_and_adds_interactions_to_every_action_dataset():
+def test_v2_adds_interactions_to_every_action_dataset_and_v3_is_the_default():
     from splavu_core.ingest.synth.datasets import BENCHMARKS, DEFAULT_BENCHMARK
     from splavu_core.ingest.synth.figure import ACTIONS_V2, INTERACTIONS
 
-    assert DEFAULT_BENCHMARK == "v2"
-    v1, v2 = plan("tiny", 0, "v1"), plan("tiny", 0)
+    assert DEFAULT_BENCHMARK == "v3"
+    v1, v2 = plan("tiny", 0, "v1"), plan("tiny", 0, "v2")
     assert {p.row["action"] for p in v2["ar"]} == set(ACTIONS_V2) and {p.row["action"] for p in v1["ar"]} == set(ACTIONS)
     for name in ("ar", "bias_f", "bias_m"):
         assert set(INTERACTIONS) <= {a for p in v2[name] for a, _, _ in p.timeline}

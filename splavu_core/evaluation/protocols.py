@@ -85,6 +85,7 @@ class Scored:
     details: dict = field(default_factory=dict)
     same_outputs: bool = False            # every seed gave the same test outputs (a convex probe): bootstrap once
     seed_only: tuple = ()                 # metrics whose interval is the seeds' alone (diagnostics: no bootstrap)
+    signed: tuple = ()                    # metrics in [-1, 1] (a signed difference), not [0, 1]
     n_boot: int = 200                     # bootstrap resamples of the test videos
     clusters: np.ndarray | None = None    # (n_test,) the person of each bootstrap unit (subject_clusters): the
     #                                       bootstrap resamples people; None: no person holds two units
@@ -224,11 +225,38 @@ def bias(train: Videos, test: Videos, seeds: Sequence[int] = seeds_from(), **kw)
         a = [acc(g)(s, idx) for g in names]
         return float(np.nanmax(a) - np.nanmin(a))
 
-    metrics = {"top1": ar.metrics["top1"], **{f"acc_{g}": acc(g) for g in names}, "gap": gap}
+    action, favoured = shortcut(train)
+    on_action = true == ar.details["classes"].index(action) if action in ar.details["classes"] else np.zeros(n, bool)
+
+    def shortcut_gap(s, idx):  # signed: favoured - other group on the shortcut action (no |.|, so 0 is centred)
+        i = _sel(n, idx)
+        i = i[on_action[i]]
+        ok = pred[s, i] == true[i]
+        fav = groups[i] == favoured
+        return float(ok[fav].mean() - ok[~fav].mean()) if fav.any() and (~fav).any() else np.nan
+
+    metrics = {"top1": ar.metrics["top1"], **{f"acc_{g}": acc(g) for g in names}, "gap": gap,
+               "shortcut_gap": shortcut_gap}
     c = 1.0 / len(ar.details["classes"])
-    chance = {"top1": c, **{f"acc_{g}": c for g in names}, "gap": None}
-    return Scored("bias", metrics, chance, len(seeds), n, ar.test_ids, higher_is_better={"gap": False},
-                  same_outputs=ar.same_outputs, clusters=ar.clusters)
+    chance = {"top1": c, **{f"acc_{g}": c for g in names}, "gap": None, "shortcut_gap": None}
+    return Scored("bias", metrics, chance, len(seeds), n, ar.test_ids,
+                  higher_is_better={"gap": False, "shortcut_gap": False}, same_outputs=ar.same_outputs,
+                  signed=("shortcut_gap",), clusters=ar.clusters,
+                  details={"shortcut_action": action, "favoured_group": favoured,
+                           "shortcut_test_videos": int(on_action.sum())})
+
+
+def shortcut(train: Videos) -> tuple[str, str]:
+    """The training set's shortcut: the action whose group mix departs most from the whole set's, and the group it
+    over-represents (bias_f: clap, 'f'). From the training labels only; two groups."""
+    groups = np.array([v.meta["group"] for v in train], dtype=object)
+    names = sorted(set(groups))
+    assert len(names) == 2, f"bias: the training set needs exactly two groups, got {names}"
+    actions = np.array([v.meta["action"] for v in train], dtype=object)
+    overall = (groups == names[0]).mean()
+    share = {a: (groups[actions == a] == names[0]).mean() for a in sorted(set(actions))}
+    action = max(share, key=lambda a: abs(share[a] - overall))
+    return action, names[0] if share[action] > overall else names[1]
 
 
 # ---------------------------------------------------------------- AD

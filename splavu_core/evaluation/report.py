@@ -266,6 +266,12 @@ def _footer(report: dict, version_note: str | None = None) -> list[str]:
         notes.append("Re-identification: each test actor's video queries the test videos of OTHER actions (the "
                      "action cannot link them); rank-1 of the same actor, strongest of cosine on standardised means "
                      "and LDA learned on the train actors; linkage removed = (raw − anonymized) / (raw − chance).")
+    if any(raw.get(k) is not None for k in ("bias_f_gap", "bias_m_gap")):
+        notes.append("Bias-F/M gap: the AR probe trained where one action (the shortcut) is 95% done by one "
+                     "perceived-gender group and every other action 95% by the other; on balanced test videos of the "
+                     "shortcut action, the favoured group's top-1 minus the other group's (signed: 0 is no bias, "
+                     "below 0 the other group ahead). Where a model reads the group, the favoured group's shortcut "
+                     "videos are called right and the other group's called a look-alike action.")
     no_bias = [k for k in ("bias_f_gap", "bias_m_gap") if (iv.get(k) or {}).get("signal") is False]
     if no_bias:
         notes.append(f"{', '.join(no_bias)}: no signal — the raw features' own gap interval reaches 0, so this "

@@ -154,9 +154,10 @@ def scored_rows(sc: P.Scored, feature_set: str, aam_version: str | None, split: 
     clusters = ref.clusters if ref is not None and ref.clusters is not None else sc.clusters
     rows = []
     for m, fn in sc.metrics.items():
+        signed = m in sc.signed  # every other base metric is in [0, 1]
         st = stats.interval(fn, sc.n_seeds, None if m in sc.seed_only else sc.n_test, sc.n_boot, same=sc.same_outputs,
-                            clusters=clusters, bounded=True)  # every base metric is in [0, 1]
-        st = {**st, "ci_low": max(0.0, st["ci_low"]), "ci_high": min(1.0, st["ci_high"])}
+                            clusters=clusters, bounded=not signed)
+        st = {**st, "ci_low": max(-1.0 if signed else 0.0, st["ci_low"]), "ci_high": min(1.0, st["ci_high"])}
         rows.append(_row(feature_set, aam_version, sc.task, m, st, sc.chance.get(m), split, created_at))
     if ref is None:
         return rows

@@ -44,7 +44,7 @@ REPORT_METRICS: dict[str, tuple[str, str]] = {
     "privacy_cmap": ("privacy", "cmap"), "privacy_f1": ("privacy", "f1"),
     "privacy_chance_cmap": ("privacy", "chance_cmap"), "clip_privacy_cmap": ("clip_privacy", "cmap"),
     "clip_privacy_chance_cmap": ("clip_privacy", "chance_cmap"), "ar_top1": ("ar", "top1"), "tad_map": ("tad", "mAP"),
-    "ad_auc": ("ad", "auc"), "bias_f_gap": ("bias_f", "gap"), "bias_m_gap": ("bias_m", "gap"),
+    "ad_auc": ("ad", "auc"), "bias_f_gap": ("bias_f", "shortcut_gap"), "bias_m_gap": ("bias_m", "shortcut_gap"),
     "gait_top1": ("gait", "top1"), "reid_rank1": ("reid", "rank1"), "reid_map": ("reid", "map")}
 REPORT_KEYS = ("name",) + tuple(REPORT_METRICS)
 DERIVED_KEYS = ("leakage_removed", "clip_leakage_removed", "linkage_removed", "relative_change")  # non-raw rows
@@ -203,7 +203,7 @@ def _stat_row(rows: Sequence[dict], task: str, metric: str) -> dict | None:
 
 def _signal(stat: dict, key: str) -> bool | None:
     """Is the metric beyond chance by more than its interval? None where no chance is defined (e.g. a gap)."""
-    if key.endswith("_gap"):  # a bias gap is >= 0 by construction: it shows bias only when its interval leaves 0
+    if key.endswith("_gap"):  # a bias gap shows bias only when its interval leaves 0 (the favoured group ahead)
         return stat["ci_low"] > 0
     if stat.get("chance") is None:
         return None

@@ -24,24 +24,28 @@ NORMAL_ACTIVITY = ("walk_left", "walk_right", "wave", "clap", "squat", "turn")
 ANOMALIES = ("fall", "kick", "punch", "jump")
 BIAS_ACTION = "clap"
 DATASETS = ("ar", "privacy", "tad", "ad", "bias_f", "bias_m", "gait")
-# v1: ten motion-only actions. v2 (default): plus five hand-object interactions that need the person's
-# interior (figure.INTERACTIONS); privacy close-ups and gait walks are the same in both.
+# v1: ten motion-only actions. v2: plus five hand-object interactions that need the person's interior
+# (figure.INTERACTIONS); privacy close-ups and gait walks are the same in both. v3 (default): v2 plus, in the bias
+# sets only, extra test videos of the shortcut action for each group (SCALES' bias_shortcut), so the per-group gap
+# on that action can be measured; every other dataset is v2's, video for video (`changes`, stamp_benchmark).
 BENCHMARKS = {"v1": dict(actions=ACTIONS, normal=NORMAL_ACTIVITY),
               "v2": dict(actions=ACTIONS_V2, normal=NORMAL_ACTIVITY + ("drink", "phone", "read"))}
-DEFAULT_BENCHMARK = "v2"
+BENCHMARKS["v3"] = dict(BENCHMARKS["v2"], shortcut_test=True, parent="v2", changes=("bias_f", "bias_m"))
+DEFAULT_BENCHMARK = "v3"
 STAMP = "benchmark.json"
 
 # per scale: videos per split (AR: per action), and actor pools
 SCALES = {
     "tiny": dict(ar=(3, 1, 2), ar_actors=(12, 4, 8), privacy=(48, 32), tad=(6, 2, 4), ad=(6, 6),
-                 bias=(3, 2), gait=(4, 2), tad_frames=(96, 128), ad_frames=(128, 160)),
+                 bias=(3, 2), bias_shortcut=4, gait=(4, 2), tad_frames=(96, 128), ad_frames=(128, 160)),
     # ar_extra / tad_extra / ad_extra: evaluation-only (val, test) videos added after the rest (_evaluation_extra),
-    # sized so a 10% loss of AR or TAD utility shows beyond the noise of its retention interval (docs/benchmark.md)
+    # sized so a 10% loss of AR or TAD utility shows beyond the noise of its retention interval (docs/benchmark.md).
+    # bias_shortcut (v3): extra test videos of the shortcut action per group, so its per-group gap is ~+-0.1 wide
     "demo": dict(ar=(40, 10, 20), ar_actors=(80, 20, 40), privacy=(600, 300), tad=(80, 20, 40), ad=(80, 40),
-                 bias=(30, 20), gait=(24, 4), tad_frames=(160, 224), ad_frames=(256, 384),
+                 bias=(30, 20), bias_shortcut=150, gait=(24, 4), tad_frames=(160, 224), ad_frames=(256, 384),
                  ar_extra=(300, 75), tad_extra=(100, 130), ad_extra=(40, 40)),
     "large": dict(ar=(120, 30, 60), ar_actors=(240, 60, 120), privacy=(1800, 900), tad=(240, 60, 120),
-                  ad=(240, 120), bias=(90, 60), gait=(72, 4), tad_frames=(160, 224), ad_frames=(256, 384)),
+                  ad=(240, 120), bias=(90, 60), bias_shortcut=450, gait=(72, 4), tad_frames=(160, 224), ad_frames=(256, 384)),
 }
 
 
@@ -205,8 +209,18 @@ def _plan_ad(name, cfg, rng, base):
     return _evaluation_extra("ad", cfg, base, plans, one)
 
 
+def stamp_benchmark(benchmark: str, dataset: str) -> str:
+    """The benchmark that first defined this dataset's videos (a v3 folder of `ar` is v2's, byte for byte)."""
+    b = BENCHMARKS[benchmark]
+    if b.get("parent") and dataset not in b["changes"]:
+        return stamp_benchmark(b["parent"], dataset)
+    return benchmark
+
+
 def _plan_bias(name, cfg, rng, base):
-    """Train: BIAS_ACTION 95% by one group, every other action 95% by the other; test balanced."""
+    """Train: BIAS_ACTION 95% by one group, every other action 95% by the other; test balanced. v3 adds
+    `bias_shortcut` test videos of BIAS_ACTION per group after the rest, from a generator of their own (the videos
+    before are v2's): the shortcut shows as a per-group gap on that action (protocols.bias, shortcut_gap)."""
     favoured_female = name == "bias_f"
     plans = []
     for split, per_action in zip(("train", "test"), cfg["bias"]):
@@ -222,6 +236,15 @@ def _plan_bias(name, cfg, rng, base):
                 plans.append(VideoPlan(name, f"{name}_{i:05d}", split, actor, [(action, 0, 2 * CLIP_LEN)], 2 * CLIP_LEN,
                                        _key(base, i), row={"action": action, "group": "f" if female else "m",
                                                            "subject_id": f"{name}_{i:05d}", **_attrs(actor)}))
+    if cfg.get("shortcut_test"):
+        extra = np.random.default_rng([*base, 3])
+        for k in range(2 * cfg["bias_shortcut"]):
+            female = k % 2 == 0
+            i = len(plans)
+            actor = random_actor(extra, female=female)
+            plans.append(VideoPlan(name, f"{name}_{i:05d}", "test", actor, [(BIAS_ACTION, 0, 2 * CLIP_LEN)],
+                                   2 * CLIP_LEN, _key(base, i), row={"action": BIAS_ACTION, "group": "f" if female else "m",
+                                                                     "subject_id": f"{name}_{i:05d}", **_attrs(actor)}))
     return plans
 
 
@@ -287,12 +310,20 @@ def _check_stamp(root: Path, want: dict) -> None:
     stamp = root / STAMP
     if stamp.exists():
         have = json.loads(stamp.read_text())
-        if have != want:
+        if have != want and not _extends(have, want, root.name):
             raise BenchmarkMismatch(f"{root} holds benchmark {have}, not {want}: its videos would be kept; "
                                     f"write to another folder or remove {root}")
     elif (root / "manifest.csv").exists():
         raise BenchmarkMismatch(f"{root} has videos but no {STAMP} (written before benchmark versions, i.e. v1 "
                                 f"at its scale and seed): write to another folder or remove {root}")
+
+
+def _extends(have: dict, want: dict, dataset: str) -> bool:
+    """A folder of the parent benchmark that the wanted one only appends videos to (v2 -> v3 bias sets): kept, and
+    the missing videos added (test_synth checks that v3's plans start with v2's)."""
+    b = BENCHMARKS[want["benchmark"]]
+    return (dataset in b.get("changes", ()) and have.get("benchmark") == b.get("parent")
+            and {**have, "benchmark": want["benchmark"]} == want)
 
 
 def generate(out: str | os.PathLike, scale: str = "demo", seed: int = 0, workers: int | None = None,
@@ -306,16 +337,16 @@ def generate(out: str | os.PathLike, scale: str = "demo", seed: int = 0, workers
     folder stamped with another benchmark, scale or seed is refused rather than mixed."""
     out = Path(out)
     plans = plan(scale, seed, benchmark)
-    want = {"benchmark": benchmark, "scale": scale, "seed": seed}
+    want = {name: {"benchmark": stamp_benchmark(benchmark, name), "scale": scale, "seed": seed} for name in datasets}
     for name in datasets:
-        _check_stamp(out / name, want)
+        _check_stamp(out / name, want[name])
     workers = workers or min(4, os.cpu_count() or 1)
     summary = {}
     jobs = []
     for name in datasets:
         root = out / name
         (root / "videos").mkdir(parents=True, exist_ok=True)
-        (root / STAMP).write_text(json.dumps(want) + "\n")
+        (root / STAMP).write_text(json.dumps(want[name]) + "\n")
         jobs += [(p, root, masks) for p in plans[name] if _missing(p, root, masks)]
     # longest videos first: the pool's last chunks are then short ones (measured: the demo's long AD videos,
     # planned last, left one worker rendering alone for the final ~90 s); each video has its own generator,
