@@ -71,12 +71,19 @@ def instance_settings(path: Path) -> dict:
     return {"concurrency": yaml.safe_load(path.read_text())["concurrency"]}
 
 
+# Step output is not captured here: Dagster's local capture tails each step's log file with `tail -F` and, on a dask
+# worker, once hung the step's teardown waiting for that tail to end (a worker thread in compute_logs'
+# _clean_up_subprocess; the run never finished, 2026-12-05). Nothing here reads captured output.
+NO_CAPTURE = {"compute_logs": {"module": "dagster._core.storage.noop_compute_log_manager",
+                               "class": "NoOpComputeLogManager"}}
+
+
 @pytest.fixture(scope="module")
 def instance(tmp_path_factory, env):
     """A persistent (sqlite) instance with the shipped dagster.yaml's concurrency settings; the dask
     workers and the step processes write their events to it."""
     inst = dg.DagsterInstance.local_temp(str(tmp_path_factory.mktemp("dagster_home")),
-                                         overrides=instance_settings(REPO / "dagster.yaml"))
+                                         overrides={**instance_settings(REPO / "dagster.yaml"), **NO_CAPTURE})
     try:
         yield inst
     finally:
