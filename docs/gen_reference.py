@@ -345,7 +345,8 @@ def _render_interactions(metrics_dir: Path, version: str | None) -> str:
 
 
 CURVE_PNG = {"results": DOCS / "results_keep_family.png", "results_action": DOCS / "results_action_keep_family.png"}
-ACTION_INTRO = ("The same demo on the second shipped encoder (`splavu demo --encoder action --store store_action`): a "
+ACTION_INTRO = ("The same demo on the second shipped encoder (`splavu demo --full --encoder action --store store_action`, "
+                "with the pixel baselines on AR: `splavu baselines --only blur blacken --masks rendered --dataset ar`): a "
                 "VideoMAE trained as real video foundation models are, on actions and masked reconstruction, with no "
                 "appearance, identity or gait head. The default anonymizer and its gates are unchanged; whether they "
                 "let it through is in the Gates section. The first encoder's page: [results](results.md).\n\n")
