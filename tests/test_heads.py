@@ -272,6 +272,7 @@ def test_bias_shortcut_gap_is_signed_and_shows_a_group_shortcut():
     """Where the group is readable the probe calls the favoured group's clap right and the other group's a punch:
     the signed gap on the shortcut action is large; with the group unreadable it is centred on 0."""
     from splavu_core.evaluation.protocols import shortcut
+    from splavu_core.evaluation.scoring import scored_rows
     from splavu_core.evaluation.stats import interval
 
     rng = np.random.default_rng(3)
@@ -284,6 +285,9 @@ def test_bias_shortcut_gap_is_signed_and_shows_a_group_shortcut():
     out = bias(train, test, seeds=[0])
     st = interval(out.metrics["shortcut_gap"], 1, out.n_test, same=True)
     assert st["ci_low"] < 0 < st["ci_high"] and abs(_value(out, "shortcut_gap")) < 0.15
+    # the metric row keeps the signed interval (not clipped at 0 as a [0, 1] metric's is)
+    row = next(r for r in scored_rows(out, "raw", None, "test", None) if r["metric"] == "shortcut_gap")
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((st["ci_low"], st["ci_high"]))
     # the mirror split names the other group
     flipped = [dataclasses.replace(v, meta={**v.meta, "group": "m" if v.meta["group"] == "f" else "f"}) for v in train]
     assert shortcut(flipped) == ("clap", "m")

@@ -203,10 +203,11 @@ def _ratio(ref_fn, fn, n_seeds, n_test, chance, same=False, n_boot=stats.N_BOOT,
 
 
 # Scores in this process, by content (score_cache.key: task, split, seeds, probe settings, the attributes judged, and
-# the videos' ids, splits, labels, clip times and feature bytes). A protocol is seeded, so the same inputs give the same Scored: the gates, the
-# evaluation, its unseen-task rows and the curve of one run (`splavu demo`, `splavu evaluate`) score each such
-# measurement once, whatever feature set it is called (raw, or a same-width PCA fitted on the same clips in the main
-# table and again in the leave-one-task-out rows). Any changed byte, label, seed or setting is another key.
+# the videos' ids, splits, labels, clip times and feature bytes). A protocol is seeded, so the same inputs give the
+# same Scored: the gates, the evaluation, its unseen-task rows and the curve of one run (`splavu demo`, `splavu
+# evaluate`) score each such measurement once, whatever feature set it is called (raw, or a same-width PCA fitted on
+# the same clips in the main table and again in the leave-one-task-out rows). Any changed byte, label, seed or
+# setting is another key.
 # Bounded: the oldest entry goes first.
 _SCORES: dict = {}
 _SCORES_MAX = 128

@@ -16,7 +16,8 @@ from splavu_core.evaluation.scoring import apply_features
 from splavu_core.tasks.features import VideoFeatures
 
 TRAINING_TASKS = ("ar", "tad", "ad")
-SCORED_TASKS = ("privacy", "clip_privacy", "reid", "ar", "tad", "ad", "bias_f", "bias_m", "gait")  # the report scores them on
+# what the report scores them on
+SCORED_TASKS = ("privacy", "clip_privacy", "reid", "ar", "tad", "ad", "bias_f", "bias_m", "gait")
 
 
 def names(width: int) -> list[str]:

@@ -45,7 +45,8 @@ SCALES = {
                  bias=(30, 20), bias_shortcut=150, gait=(24, 4), tad_frames=(160, 224), ad_frames=(256, 384),
                  ar_extra=(300, 75), tad_extra=(100, 130), ad_extra=(40, 40)),
     "large": dict(ar=(120, 30, 60), ar_actors=(240, 60, 120), privacy=(1800, 900), tad=(240, 60, 120),
-                  ad=(240, 120), bias=(90, 60), bias_shortcut=450, gait=(72, 4), tad_frames=(160, 224), ad_frames=(256, 384)),
+                  ad=(240, 120), bias=(90, 60), bias_shortcut=450, gait=(72, 4), tad_frames=(160, 224),
+                  ad_frames=(256, 384)),
 }
 
 
@@ -223,6 +224,14 @@ def _plan_bias(name, cfg, rng, base):
     before are v2's): the shortcut shows as a per-group gap on that action (protocols.bias, shortcut_gap)."""
     favoured_female = name == "bias_f"
     plans = []
+
+    def one(split, action, female, gen):  # one short video of one action by a new person of the group
+        i = len(plans)
+        actor = random_actor(gen, female=female)
+        plans.append(VideoPlan(name, f"{name}_{i:05d}", split, actor, [(action, 0, 2 * CLIP_LEN)], 2 * CLIP_LEN,
+                               _key(base, i), row={"action": action, "group": "f" if female else "m",
+                                                   "subject_id": f"{name}_{i:05d}", **_attrs(actor)}))
+
     for split, per_action in zip(("train", "test"), cfg["bias"]):
         for action in cfg["actions"]:
             for k in range(per_action):
@@ -231,20 +240,11 @@ def _plan_bias(name, cfg, rng, base):
                 else:
                     majority = favoured_female if action == BIAS_ACTION else not favoured_female
                     female = majority if rng.random() < 0.95 else not majority
-                i = len(plans)
-                actor = random_actor(rng, female=female)
-                plans.append(VideoPlan(name, f"{name}_{i:05d}", split, actor, [(action, 0, 2 * CLIP_LEN)], 2 * CLIP_LEN,
-                                       _key(base, i), row={"action": action, "group": "f" if female else "m",
-                                                           "subject_id": f"{name}_{i:05d}", **_attrs(actor)}))
+                one(split, action, female, rng)
     if cfg.get("shortcut_test"):
         extra = np.random.default_rng([*base, 3])
         for k in range(2 * cfg["bias_shortcut"]):
-            female = k % 2 == 0
-            i = len(plans)
-            actor = random_actor(extra, female=female)
-            plans.append(VideoPlan(name, f"{name}_{i:05d}", "test", actor, [(BIAS_ACTION, 0, 2 * CLIP_LEN)],
-                                   2 * CLIP_LEN, _key(base, i), row={"action": BIAS_ACTION, "group": "f" if female else "m",
-                                                                     "subject_id": f"{name}_{i:05d}", **_attrs(actor)}))
+            one("test", BIAS_ACTION, k % 2 == 0, extra)
     return plans
 
 
