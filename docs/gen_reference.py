@@ -271,8 +271,11 @@ def render_results(report_path: Path, commit: str | None = None, machine: str | 
         out.append("\n`mlp_width` is the previous protocol's D → D → A attacker. Its capacity shrinks with the "
                    "table, so it is shown for the record and never judges.\n")
 
-    from splavu_core.evaluation.report import measurements_line, readers_markdown, unseen_markdown
+    from splavu_core.evaluation.report import attributes_markdown, measurements_line, readers_markdown, unseen_markdown
 
+    by_attribute = attributes_markdown(rows)
+    if by_attribute:
+        out += ["\n## Which attribute stays readable\n\n", "\n".join(by_attribute)]
     by_reader = readers_markdown(rows)
     if by_reader:
         out += ["\n## Utility by reader\n\n", "Each cell: the reader's score [95% interval] and, for non-raw rows, "

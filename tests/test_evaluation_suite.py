@@ -177,7 +177,14 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
         per_class = {r["metric"]: r["value"] for r in rows if r["task"] == "ar" and r["metric"].startswith("class_top1[")}
         assert len(per_class) >= 2 and all(0 <= x <= 1 for x in per_class.values())  # one row per test class
         assert min(per_class.values()) <= v(rows, "ar", "top1") <= max(per_class.values())
+        # one AP row per attribute, the strongest attacker's: their mean is the cMAP it quotes
+        ap = {r["metric"]: r["value"] for r in rows if r["task"] == "privacy" and r["metric"].startswith("ap[")}
+        assert len(ap) >= 2 and v(rows, "privacy", "cmap") == pytest.approx(np.mean(list(ap.values())))
     assert v(raw, "privacy", "chance_cmap") == v(anon, "privacy", "chance_cmap")
+    for r in (r for r in anon if r["task"] == "privacy" and r["metric"].startswith("removed_ap[")):
+        m = r["metric"][len("removed_"):]  # each attribute's share removed, against its own prevalence
+        row = next(x for x in anon if x["task"] == "privacy" and x["metric"] == m)
+        assert r["value"] == pytest.approx((v(raw, "privacy", m) - row["value"]) / (v(raw, "privacy", m) - row["chance"]))
     raw_c, anon_c, chance = v(raw, "privacy", "cmap"), v(anon, "privacy", "cmap"), v(raw, "privacy", "chance_cmap")
     assert v(anon, "privacy", "leakage_removed") == pytest.approx((raw_c - anon_c) / (raw_c - chance))
     # tiny store: no bias_m dataset -> skipped, and said; bias_f is scored, its gap from the per-group accuracies
@@ -197,6 +204,8 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
     assert "not a closed-form keep configuration" in report["unseen"]["skipped"]
     for task, readers in (("ar", ("linear", "mlp")), ("tad", ("convex", "head")), ("ad", ("linear", "mlp"))):
         assert set(report["rows"][0]["readers"][task]) == set(readers)  # every reader of the suite is reported
+    attrs = report["rows"][1]["attributes"]["privacy"]  # which attribute stays readable, each with its share
+    assert len(attrs) >= 2 and all({"score", "removed"} <= set(st) for st in attrs.values())
     assert report["commit"] == costs.provenance()["commit"] and f"{os.cpu_count()} CPU cores" in report["machine"]
     assert report["probe_seeds"] == [0, 1, 2, 3, 4]
     assert report["aam_version_is_current"] is True
@@ -205,7 +214,7 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
     assert report["encoder_fingerprint"] == store.encoder_fingerprint() and report["aam_version"] == version
     assert [r["name"] for r in report["rows"]] == ["raw", "splavu"]
     r, s = report["rows"]
-    iv_keys = {"intervals", "changes", "derived_intervals", "attackers", "readers"}  # every metric with its interval and chance
+    iv_keys = {"intervals", "changes", "derived_intervals", "attackers", "readers", "attributes"}  # every metric with its interval and chance
     # each attacker of the suite has its own row, and each one's removal on the anonymized row
     assert set(r["attackers"]["privacy"]) == {"mlp", "linear", "gbdt", "knn", "mlp_width"}
     assert all("removed" in st for st in s["attackers"]["privacy"].values())

@@ -19,6 +19,8 @@ Probes (fixed on raw features of the demo store before any anonymizer was scored
   L2, full-batch L-BFGS; frame-level ROC AUC. Chance 0.5.
 - privacy: the attacker suite (attackers.py: fixed capacity whatever the table's width), the strongest member on
   the features scored quoted as `cmap`, each member as `cmap[<name>]`. Chance: mean attribute prevalence.
+  `ap[<attribute>]`: the strongest member's AP on one attribute (chance: its prevalence), so a table says WHICH
+  attribute stays readable, not only how much of the mean.
 - reid: linking a test person's videos across actions (cosine; LDA learned on the train subjects), rank-1 / mAP.
 - gait: nearest-neighbour retrieval, no training (one "seed"); bootstrap over query videos. Chance: expected
   hit rate of a random neighbour.
@@ -473,7 +475,8 @@ def privacy_attack(train: Videos, test: Videos, attributes: Sequence[str], seeds
                    attackers: Sequence[str] = tuple(a.name for a in A.ALL), **_) -> Scored:
     """Every attacker of the suite (evaluation/attackers.py) trained fresh on `train`, scored on `test`.
     Metrics: cmap / f1 of the STRONGEST suite member on these features (highest mean cMAP), cmap[<attacker>]
-    of each, chance_cmap. details: strongest, each attacker's mean cMAP and capacity."""
+    of each, ap[<attribute>] of the strongest, chance_cmap. details: strongest, each attacker's mean cMAP and
+    capacity."""
     d = attack_data(train, test, attributes)
     probs_by = A.run_attackers(d, list(seeds), attackers, epochs=epochs, lr=lr, batch_size=batch_size)
     y_test = d.y_test
@@ -490,10 +493,17 @@ def privacy_attack(train: Videos, test: Videos, attributes: Sequence[str], seeds
     def chance_of(s, idx):
         return chance_cmap(y_test[_sel(n, idx)])
 
+    def column(j):  # one attribute's AP: cMAP of its column alone
+        return (lambda y, p: cmap(y[:, [j]], p[:, [j]]), lambda y, p, idx: cmap_resamples(y[:, [j]], p[:, [j]], idx))
+
+    names = [a.removeprefix("attr_") for a in attributes]
+
     metrics = {"cmap": of(best, cmap, cmap_resamples), "f1": of(best, _macro_f1, _macro_f1_resamples),
-               "chance_cmap": chance_of, **{f"cmap[{name}]": of(name, cmap, cmap_resamples) for name in probs_by}}
+               "chance_cmap": chance_of, **{f"cmap[{name}]": of(name, cmap, cmap_resamples) for name in probs_by},
+               **{f"ap[{a}]": of(best, *column(j)) for j, a in enumerate(names)}}
     chance = {"cmap": chance_cmap(y_test), "f1": None, "chance_cmap": None,
-              **{f"cmap[{name}]": chance_cmap(y_test) for name in probs_by}}
+              **{f"cmap[{name}]": chance_cmap(y_test) for name in probs_by},
+              **{f"ap[{a}]": float(y_test[:, j].mean()) for j, a in enumerate(names)}}
     same = all(all(p is v[0] for p in v[1:]) for v in probs_by.values())  # every attacker deterministic
     return Scored("privacy", metrics, chance, len(seeds), n, [v.video_id for v in test],
                   higher_is_better={"cmap": True}, seed_only=("chance_cmap",), same_outputs=same,

@@ -86,6 +86,18 @@ def fmt_interval(stat: dict) -> str:
     return f"{_pts(stat['value'])} [{_pts(stat['ci_low'])}, {_pts(stat['ci_high'])}]"
 
 
+def fmt_share(stat: dict) -> str:
+    """{value, ci_low, ci_high} of a share -> '62% [55, 68]'."""
+    return f"{stat['value'] * 100:.0f}% [{stat['ci_low'] * 100:.0f}, {stat['ci_high'] * 100:.0f}]"
+
+
+def member_cell(st: dict, second: str, fmt_second, mark: str = "") -> str:
+    """One suite member's cell: its score [interval], a mark, and (its `second` stat, e.g. the share removed)."""
+    if "score" not in st:
+        return "—"
+    return fmt_interval(st["score"]) + mark + (f" ({fmt_second(st[second])})" if second in st else "")
+
+
 def fmt_delta(d: dict) -> str:
     """A paired difference in points with its interval; 'no change' when the interval holds 0."""
     if not (d["ci_low"] > 0 or d["ci_high"] < 0):
@@ -173,23 +185,43 @@ def attackers_markdown(rows: Sequence[dict]) -> list[str]:
             scores = {n: att[n]["score"]["value"] for n in names if n in att and "score" in att[n]}
             judges = [n for n in scores if n in SUITE_NAMES or task == "reid"]
             best = max(judges, key=lambda n: scores[n]) if judges else None
-            cells = []
-            for n in names:
-                st = att.get(n, {})
-                if "score" not in st:
-                    cells.append("—")
-                    continue
-                cell = fmt_interval(st["score"]) + ("*" if n == best else "")
-                if "removed" in st:
-                    rm = st["removed"]
-                    cell += f" ({rm['value'] * 100:.0f}% [{rm['ci_low'] * 100:.0f}, {rm['ci_high'] * 100:.0f}])"
-                cells.append(cell)
+            cells = [member_cell(att.get(n, {}), "removed", fmt_share, "*" if n == best else "") for n in names]
             lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
         out += lines + [""]
     if out:
         out.append("`mlp_width` is the previous protocol's D -> D -> A attacker: its capacity shrinks with the table, "
                    "so it is shown for the record and never judges. * = the strongest attacker on that row.")
         out.append("")
+    return out
+
+
+ATTRIBUTE_TABLES = (("privacy", "Close-ups: the strongest attacker's AP per attribute"),
+                    ("clip_privacy", "Published action clips: the strongest attacker's AP per attribute"))
+
+
+def attributes_markdown(rows: Sequence[dict]) -> list[str]:
+    """One table per attacked set: which private attribute stays readable. Each cell is the AP of the attacker
+    strongest on that row (its interval), and for non-raw rows the share of raw's above-chance AP removed; chance
+    is the attribute's prevalence. The mean of a row is its cMAP."""
+    out = []
+    for task, title in ATTRIBUTE_TABLES:
+        have = [r for r in rows if (r.get("attributes") or {}).get(task)]
+        if not have:
+            continue
+        names = list(have[0]["attributes"][task])
+        lines = [f"#### {title}", "", "| Features | " + " | ".join(n.replace("_", " ") for n in names) + " |",
+                 "|---|" + "---:|" * len(names)]
+        for r in have:
+            cells = [member_cell(r["attributes"][task].get(n, {}), "removed", fmt_share) for n in names]
+            lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
+        chance = [((have[0]["attributes"][task].get(n) or {}).get("score") or {}).get("chance") for n in names]
+        lines.append("| chance | " + " | ".join("—" if c is None else _pts(c) for c in chance) + " |")
+        out += lines + [""]
+    if out:
+        out += ["AP of the attacker strongest on each row (the one its cMAP quotes), on one attribute, and (the "
+                "share of raw's above-chance AP removed [interval]); chance = the attribute's prevalence. An "
+                "attribute far above chance on a published row is what that table still tells about the people in it.",
+                ""]
     return out
 
 
@@ -217,14 +249,8 @@ def readers_markdown(rows: Sequence[dict]) -> list[str]:
         lines = [f"#### {title}", "", "| Features | " + " | ".join(n + ("*" if n == judge else "") for n in names) + " |",
                  "|---|" + "---:|" * len(names)]
         for r in have:
-            cells = []
-            for n in names:
-                st = r["readers"][task].get(n, {})
-                cell = fmt_interval(st["score"]) if "score" in st else "—"
-                if "retained" in st:
-                    rt = st["retained"]
-                    cell += f" ({rt['value']:.2f} [{rt['ci_low']:.2f}, {rt['ci_high']:.2f}])"
-                cells.append(cell)
+            cells = [member_cell(r["readers"][task].get(n, {}), "retained",
+                                 lambda rt: f"{rt['value']:.2f} [{rt['ci_low']:.2f}, {rt['ci_high']:.2f}]") for n in names]
             lines.append(f"| {r['name']} | " + " | ".join(cells) + " |")
         out += lines + [""]
     if out:
@@ -397,7 +423,8 @@ def report_markdown(report: dict, title: str = "Privacy–utility trade-off", ve
     cost = costs_markdown(report["costs"]) if report.get("costs") else []
     gates = gates_markdown(verdicts, report.get("aam_version")) if verdicts is not None else []
     return "\n".join([f"## {title}", "", table_markdown(report["rows"]), ""] + retention_markdown(report["rows"])
-                     + gates + attackers_markdown(report["rows"]) + readers_markdown(report["rows"])
+                     + gates + attackers_markdown(report["rows"]) + attributes_markdown(report["rows"])
+                     + readers_markdown(report["rows"])
                      + unseen_markdown(report) + cost + _footer(report)) + "\n"
 
 

@@ -175,11 +175,16 @@ def scored_rows(sc: P.Scored, feature_set: str, aam_version: str | None, split: 
         out = "linkage_removed" if sc.task == "reid" else "leakage_removed"
         # the headline: the attacker strongest on THIS table, paired with the same attacker on the reference
         judge = f"{base}[{sc.details.get('strongest')}]"
-        for m in [base] + [m for m in sc.metrics if m.startswith(f"{base}[") and m in ref.metrics]:
-            ref_fn = ref.metrics[judge] if m == base and judge in ref.metrics else ref.metrics[m]
+
+        def removed(m, ref_fn, name):
             r = _ratio(ref_fn, sc.metrics[m], n_seeds, sc.n_test, chance_of[m], same, sc.n_boot, clusters)
             lr = {**r, "value": 1 - r["value"], "ci_low": 1 - r["ci_high"], "ci_high": 1 - r["ci_low"]}
-            rows.append(_row(feature_set, aam_version, sc.task, out + m[len(base):], lr, None, split, created_at))
+            rows.append(_row(feature_set, aam_version, sc.task, name, lr, None, split, created_at))
+        for m in [base] + [m for m in sc.metrics if m.startswith(f"{base}[") and m in ref.metrics]:
+            removed(m, ref.metrics[judge] if m == base and judge in ref.metrics else ref.metrics[m],
+                    out + m[len(base):])
+        for m in [m for m in sc.metrics if m.startswith("ap[") and m in ref.metrics]:  # each attribute's share
+            removed(m, ref.metrics[m], f"removed_{m}")
     elif sc.task in UTILITY:
         # the headline is raw's strongest reader on both sides (score_sets bound it); each reader for the record
         base = UTILITY[sc.task]

@@ -154,6 +154,9 @@ def report_row(name: str, rows: Sequence[dict]) -> dict:
     rd = reader_stats(rows)
     if rd:
         out["readers"] = rd
+    at = attribute_stats(rows)
+    if at:
+        out["attributes"] = at
     if iv:
         out["intervals"] = iv
     if ch:
@@ -168,6 +171,7 @@ ATTACKED = {"privacy": ("cmap", "leakage_removed"), "clip_privacy": ("cmap", "le
             "reid": ("rank1", "linkage_removed")}
 
 
+ATTRIBUTED = {"privacy": ("ap", "removed_ap"), "clip_privacy": ("ap", "removed_ap")}
 READ = {"ar": ("top1", "retention_top1"), "tad": ("mAP", "retention_mAP"), "ad": ("auc", "retention_auc")}
 
 
@@ -188,6 +192,12 @@ def attacker_stats(rows: Sequence[dict]) -> dict:
     """task -> attacker -> {"score": its cMAP / rank-1 stat, "removed": its leakage (linkage) removed stat} from
     the per-attacker rows (metric 'cmap[mlp]', 'leakage_removed[mlp]', ...)."""
     return _bracketed(rows, ATTACKED, "removed")
+
+
+def attribute_stats(rows: Sequence[dict]) -> dict:
+    """task -> attribute -> {"score": the strongest attacker's AP on it, "removed": the share of raw's above-chance
+    AP on it removed} from the per-attribute rows (metric 'ap[skin_dark]', 'removed_ap[skin_dark]', ...)."""
+    return _bracketed(rows, ATTRIBUTED, "removed")
 
 
 def reader_stats(rows: Sequence[dict]) -> dict:
