@@ -1,6 +1,8 @@
-"""How much the privacy gate's verdict depends on recentring's k-means draw (prints JSON lines).
+"""How much the privacy gate's verdict depends on recentring's k-means draw, or on erasing one training subject
+(prints JSON lines).
 
     python benchmarks/cluster_seeds.py --store store [--seeds 8] [--probe-seeds 5] [--config JSON]
+    python benchmarks/cluster_seeds.py --store store --forget 10 [--config JSON]
 
 The default recentres each video on k-means clusters of the training clips; TrainConfig.seed draws them. Per seed:
 the configuration refitted from the store's cached latents (seconds), its anonymized videos made in memory (what a
@@ -8,6 +10,11 @@ publish would write), and the gate's parts scored on the validation split (close
 gate's own scoring (score_features: attacker and reader suites, probe seeds, bootstrap over people). Nothing is
 published. A last line summarises the close-up part: mean, spread, and how many seeds clear the budget at the
 lower end. Measured 2026-12-05 on the demo store: seeds 0-7 gave close-ups 0.517-0.605, only seed 0 passing.
+
+--forget N: instead, N training subjects drawn at random (seeded) are erased one at a time, as `splavu forget
+--subject` would: their videos leave the AAM's training data and the AR videos scored, and the configuration is
+refitted with its own k-means seed; the summary says how many refits would still publish (every privacy part's
+lower end >= the budget). The re-identification part is scored too (the gate's third privacy part).
 """
 from __future__ import annotations
 
@@ -27,7 +34,25 @@ from splavu_core.settings import settings
 from splavu_core.store.feature_store import FeatureStore
 
 PARTS = {"closeups": ("privacy", "leakage_removed"), "clips": ("clip_privacy", "leakage_removed"),
-         "ar": ("ar", "retention_top1")}
+         "linking": ("reid", "linkage_removed"), "ar": ("ar", "retention_top1")}
+PRIVACY_PARTS = ("closeups", "clips", "linking")
+
+
+def without_subject(data, raw: dict, subject: str):
+    """The training data and scored sets with every video of `subject` gone (what an erasure leaves)."""
+    import dataclasses
+
+    def keep(vs):
+        return [v for v in vs if v.meta.get("subject_id") != subject]
+    gone = {v.video_id for v in data.ar_train + data.tad_train + data.ad_train + list(data.ar_val or [])
+            if v.meta.get("subject_id") == subject}
+    rows = [i for i, vid in enumerate(data.static_ids) if vid not in gone]
+    out = dataclasses.replace(data, ar_train=keep(data.ar_train), ar_val=keep(data.ar_val or []),
+                              tad_train=keep(data.tad_train), ad_train=keep(data.ad_train),
+                              static=data.static[rows] if len(data.static) else data.static,
+                              static_ids=[data.static_ids[i] for i in rows],
+                              static_actions=[data.static_actions[i] for i in rows] if data.static_actions else None)
+    return out, {d: keep(vs) for d, vs in raw.items()}
 
 
 def main(argv=None):
@@ -36,6 +61,7 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, default=8, help="k-means seeds 0..N-1")
     ap.add_argument("--probe-seeds", type=int, default=5)
     ap.add_argument("--config", default="{}", help="TrainConfig fields as JSON (default: the default)")
+    ap.add_argument("--forget", type=int, default=0, help="erase N training subjects one at a time instead")
     args = ap.parse_args(argv)
     store = FeatureStore(args.store)
     data = load_training_data(store)
@@ -44,19 +70,30 @@ def main(argv=None):
     raw = load_feature_sets(store, which, "raw", datasets=datasets)
     budget = settings().privacy_budget
     found = []
-    for seed in range(args.seeds):
+    cfg = TrainConfig.from_flat(json.loads(args.config))
+    if args.forget:
+        subjects = sorted({str(v.meta["subject_id"]) for v in data.ar_train + data.tad_train + data.ad_train
+                           if v.meta.get("subject_id") is not None})
+        runs = [("subject", s) for s in np.random.default_rng(0).choice(subjects, args.forget, replace=False)]
+    else:
+        runs = [("seed", seed) for seed in range(args.seeds)]
+    for kind, what in runs:
         t = time.perf_counter()
-        adapter, _, _ = train_aam(data, TrainConfig.from_flat({**json.loads(args.config), "seed": seed}), log=None)
+        fit_data, scored = without_subject(data, raw, what) if kind == "subject" else (data, raw)
+        adapter, _, _ = train_aam(fit_data, cfg if kind == "subject" else cfg.replace(seed=what), log=None)
         rows = score_features(store, split="val", seeds=range(args.probe_seeds), which=which,
-                              features={d: anonymize_videos(adapter, v) for d, v in raw.items()})
-        line = {"seed": seed, "seconds": round(time.perf_counter() - t, 1)}
+                              features={d: anonymize_videos(adapter, v) for d, v in scored.items()},
+                              raw=scored if kind == "subject" else None)
+        line = {kind: str(what) if kind == "subject" else what, "seconds": round(time.perf_counter() - t, 1)}
         for part, (task, metric) in PARTS.items():
             hit = [r for r in rows if r["feature_set"] == "candidate" and r["task"] == task and r["metric"] == metric]
             line[part] = [round(hit[0][k], 4) for k in ("value", "ci_low", "ci_high")] if hit else None
+        line["publishes"] = all(line[p] is None or line[p][1] >= budget for p in PRIVACY_PARTS)
         found.append(line)
         print(json.dumps(line), flush=True)
     close = np.array([f["closeups"] for f in found if f["closeups"]])
-    print(json.dumps({"summary": "closeups", "seeds": len(found), "budget": budget,
+    print(json.dumps({"summary": "closeups", ("subjects" if args.forget else "seeds"): len(found), "budget": budget,
+                      "publishing": sum(f["publishes"] for f in found),
                       "mean": round(float(close[:, 0].mean()), 4) if len(close) else None,
                       "sd": round(float(close[:, 0].std(ddof=1)), 4) if len(close) > 1 else None,
                       "passing_at_lower_end": int((close[:, 1] >= budget).sum()) if len(close) else 0}))

@@ -13,6 +13,7 @@ reader suites, 5 probe seeds, bootstrap over people) beside the same-width PCA. 
     tau<T>         the posterior over centroids at temperature T (< 1 sharper, > 1 flatter)
     sample[-tau<T>]  one centroid DRAWN per clip from its posterior (randomised response; a draw keyed by the clip's
                    bytes, so the same clip gives the same row) instead of the posterior's mean
+    top<M>         the posterior cut to its M most likely centroids (renormalised) before the mean or the draw
     clusters<N>    N training clips per centroid (the default 50: 80 centroids on the demo)
     blind<L>       matching that ignores appearance: the training static clips' between-video scatter (kept space),
                    L times the within-cluster covariance's trace, added to the matching covariance
@@ -55,7 +56,7 @@ from splavu_core.ingest.datasets import task_datasets
 from splavu_core.store.feature_store import FeatureStore
 
 KNOBS = ("default", "k", "tau", "sample", "clusters", "blind", "wapp", "ninit", "still", "dyn", "anchor", "match",
-         "ctx")
+         "ctx", "top")
 METRICS = ("leakage_removed", "linkage_removed", "retention_top1", "retention_mAP", "retention_auc")
 
 
@@ -143,6 +144,8 @@ def member_map(m: dict, data, data_out, cfg: TrainConfig):
         d = z[:, None, :] - cent
         q = np.einsum("tck,kl,tcl->tc", d, prec, d)                                     # (T, C)
         w = np.exp(-0.5 * (q - q.min(1, keepdims=True)) / tau)
+        if m.get("top"):  # only the M most likely centroids
+            w = np.where(w >= -np.sort(-w, 1)[:, int(m["top"]) - 1:int(m["top"])], w, 0.0)
         w /= w.sum(1, keepdims=True)
         if m.get("sample"):
             rng = np.random.default_rng(int.from_bytes(hashlib.sha256(x.tobytes()).digest()[:8], "little"))

@@ -80,7 +80,16 @@ def test_cluster_seeds(store_copy):
     for s in seeds:
         low, high = s["closeups"][1], s["closeups"][2]
         assert low <= s["closeups"][0] <= high and s["ar"] is not None
-    assert 0 <= summary["passing_at_lower_end"] <= 2
+    assert 0 <= summary["passing_at_lower_end"] <= 2 and summary["publishing"] == sum(s["publishes"] for s in seeds)
+
+
+def test_cluster_seeds_forget(store_copy):
+    """--forget: each drawn training subject erased from the fit and the scored sets, the default refitted."""
+    out = run_bench("cluster_seeds", "--store", store_copy, "--forget", 2, "--probe-seeds", 2,
+                    "--config", '{"tasks": ["ar"]}')
+    runs, summary = out[:-1], out[-1]
+    assert len({r["subject"] for r in runs}) == 2 and summary["subjects"] == 2
+    assert all(isinstance(r["publishes"], bool) and r["closeups"][1] <= r["closeups"][0] for r in runs)
 
 
 def test_recentre_members(store_copy):

@@ -109,8 +109,40 @@ def test_recentring_replaces_who_in_a_videos_mean_and_keeps_its_motion():
     assert np.abs(apply_recentre(fit, novel).mean(0) - novel.mean(0)).max() < 0.05 * 30
 
 
-@pytest.mark.parametrize("on", ["clips", "classes"])
-def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store, on):
+def test_a_drawn_centroid_is_one_codebook_entry_drawn_from_the_tempered_posterior():
+    """recentre_draw = T: each clip publishes ONE centroid, drawn with the posterior's probabilities at temperature
+    T, keyed by the clip's bytes (the same clip, the same draw); numpy (the curve) and torch (the adapter) agree."""
+    import torch
+
+    from splavu_core.aam.keep import RecentreFit, apply_recentre, clip_uniforms
+    from splavu_core.aam.model import Recentre
+
+    rng = np.random.default_rng(0)
+    raw = rng.normal(size=(4000, 1, 8)).astype(np.float32)             # distinct clips: their bytes key the draws
+    u = clip_uniforms(raw)                                             # (4000, 1)
+    assert u.shape == (4000, 1) and np.array_equal(u, clip_uniforms(raw.copy())) and abs(u.mean() - 0.5) < 0.02
+    cent = np.array([[0.0, 0.0], [2.0, 0.0]], np.float32)
+    z = np.tile(np.array([0.6, 0.0], np.float32), (4000, 1, 1))        # every clip at the same kept point
+    rec = Recentre(2, 2, per_clip=True, draw=4.0)
+    rec.centroids.copy_(torch.from_numpy(cent))
+    rec.precision.copy_(torch.eye(2))
+    rec.gate.fill_(1e6)                                                # never moved less: the pure draw
+    with torch.no_grad():
+        out = rec(torch.from_numpy(z), None, torch.from_numpy(u)).numpy()[:, 0]   # (4000, 2)
+    first = (out == cent[0]).all(1)
+    assert (first | (out == cent[1]).all(1)).all()                     # every row IS a centroid, no mixture
+    p = 1 / (1 + np.exp(-(1.96 - 0.36) / 8))                           # posterior of centroid 0 at T = 4
+    assert abs(first.mean() - p) < 4 * np.sqrt(p * (1 - p) / 4000), (first.mean(), p)
+    fit = RecentreFit(centroids=cent, precision=np.eye(2, dtype=np.float32), gate=np.float32(1e6), per_clip=True)
+    np_rows = np.stack([apply_recentre(fit, zi, 4.0, ui) for zi, ui in zip(z, u)])[:, 0]
+    np.testing.assert_array_equal(np_rows, out)
+    mean = apply_recentre(fit, z[0])                                   # no draw: the posterior's mean, no centroid
+    assert not any(np.allclose(mean[0], c) for c in cent)
+
+
+@pytest.mark.parametrize("on,draw,top", [("clips", 0.0, 0), ("classes", 0.0, 0), ("clips", 4.0, 0), ("clips", 4.0, 3),
+                                         ("clips", 0.0, 3)])
+def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store, on, draw, top):
     """The adapter aam_model trains (torch) and the keep curve's member (numpy) give the same rows, and a video's
     rows do not depend on the other videos of its batch; on either kind of centroid."""
     import torch
@@ -124,7 +156,9 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store, 
 
     store = FeatureStore(tiny_store)
     data = load_training_data(store, ad=None)
-    cfg = TrainConfig.from_flat({**KEEP, "tasks": ("ar", "tad"), "adapter": {**KEEP["adapter"], "recentre": True},
+    adapter_kw = {**KEEP["adapter"], "recentre": True, **({"recentre_draw": draw} if draw else {}),
+                  **({"recentre_top": top} if top else {})}
+    cfg = TrainConfig.from_flat({**KEEP, "tasks": ("ar", "tad"), "adapter": adapter_kw,
                                  "recentre_on": on, "recentre_cluster_clips": 16})
     adapter, acfg, summary = train_aam(data, cfg, log=None)
     clips = sum(len(v.feats) for v in data.ar_train + data.tad_train)
@@ -144,6 +178,12 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store, 
     with torch.no_grad():
         lone = adapter(torch.from_numpy(videos[3].feats)).numpy()
     assert len(videos[3].feats) > 1 and not np.allclose(lone, alone, atol=1e-3)
+    if draw or top:  # drawn or cut per clip: published twice, the same rows; not the full posterior's mean
+        assert (acfg.recentre_draw, acfg.recentre_top) == (draw, top)
+        np.testing.assert_array_equal(anonymize_videos(adapter, videos)[5].feats, published[5].feats)
+        mean_fn = fit_closed_form(data, cfg.tasks, 4, cfg.replace(adapter=KEEP["adapter"] | {"recentre": True}))[True]
+        assert not draw or not np.allclose(mean_fn(videos[5].feats), published[5].feats, atol=1e-3)
+        return
     if on == "clips":  # no task's classes: a store that trains TAD alone recentres too
         assert acfg.recentre_clips
         _, acfg, _ = train_aam(data, cfg.replace(tasks=("tad",), selection="last"), log=None)
@@ -169,6 +209,8 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store, 
     ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0}, {}),
     ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0, "recentre": True}, {"recentre_cluster_clips": 16}),
     ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0, "recentre": True}, {"recentre_on": "classes"}),
+    ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0, "recentre": True, "recentre_draw": 4.0},
+     {"recentre_cluster_clips": 16}),
     ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0}, {"keep_w_dynamic": 1.0, "keep_w_app": 1.0}),
     ({"keep": 4, "layers": 1, "mixer": "mlp", "hidden": 16, "erase_rank": 4}, {})])
 def test_keep_training_never_reads_private_attribute_labels(tiny_store, tmp_path, adapter, extra):

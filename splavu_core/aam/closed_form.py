@@ -100,14 +100,17 @@ def fit_closed_form(data: TrainingData, tasks, k: int, cfg: TrainConfig) -> dict
     """The default adapter's closed-form stages as numpy, for the keep curve, from one keep fit: {False: the keep map,
     True: keep then recentring (only when `tasks` give >= 2 centroids, as train_aam decides)}, each a per-video map
     (T, D) -> (T, k); train_aam's adapter gives the same rows (tests/test_keep.py)."""
-    from splavu_core.aam.keep import apply_keep, apply_recentre, fit_recentre
+    from splavu_core.aam.keep import apply_keep, apply_recentre, clip_uniforms, fit_recentre
 
     fit = fit_utility_keep(data, tasks, k, cfg)
     maps = {False: lambda f: apply_keep(fit, f)}
     if n_centroids(data, tasks, cfg) >= 2:
         means, labels = recentre_targets(data, tasks, cfg, lambda f: apply_keep(fit, f))
         rfit = fit_recentre(means, labels, cfg.recentre_quantile, per_clip=cfg.recentre_on == "clips")
-        maps[True] = lambda f: apply_recentre(rfit, apply_keep(fit, f))
+        clips = cfg.recentre_on == "clips"  # drawn or cut per clip (train.adapter_config turns both off on classes)
+        draw, top = (float(cfg.adapter.get("recentre_draw", 0.0)), int(cfg.adapter.get("recentre_top", 0))) \
+            if clips else (0.0, 0)
+        maps[True] = lambda f: apply_recentre(rfit, apply_keep(fit, f), draw, clip_uniforms(f) if draw else None, top)
     return maps
 
 

@@ -29,6 +29,7 @@ enter only through S_app, unlabelled.
 """
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -181,15 +182,32 @@ def fit_recentre(means: np.ndarray, labels: Sequence[str], quantile: float, shri
                        gate=np.asarray(np.quantile(d2, quantile), np.float32), per_clip=per_clip)
 
 
-def apply_recentre(fit: RecentreFit, z: np.ndarray) -> np.ndarray:
+def clip_uniforms(x: np.ndarray) -> np.ndarray:
+    """(..., D) clips -> (...) float64 in [0, 1): a hash of each clip's float32 bytes. A drawn centroid is keyed by
+    it, so a clip draws the same centroid in any batch, on any machine, each time it is published (no generator
+    state to keep), and two clips draw independently."""
+    rows = np.ascontiguousarray(x, np.float32).reshape(-1, np.shape(x)[-1])
+    keys = [int.from_bytes(hashlib.blake2b(r.tobytes(), digest_size=8).digest(), "little") for r in rows]
+    return (np.array(keys, np.float64) / 2.0 ** 64).reshape(np.shape(x)[:-1])
+
+
+def apply_recentre(fit: RecentreFit, z: np.ndarray, draw: float = 0.0, u: np.ndarray | None = None,
+                   top: int = 0) -> np.ndarray:
     """z: (T, k) the kept clips of ONE video -> (T, k), the video's mean replaced by its expected centroid; per_clip:
-    the video moved by the mean over its clips of each clip's offset to its own expected centroid."""
+    the video moved by the mean over its clips of each clip's offset to its own expected centroid (the posterior cut
+    to its `top` most likely centroids when top > 0), or with draw = T > 0 to ONE centroid per clip drawn from the
+    posterior at temperature T by u (T,) (clip_uniforms of the raw clips)."""
     z = np.asarray(z, np.float32)
     if fit.per_clip:
         d = z[:, None, :] - fit.centroids                                                 # (T, C, k)
         q = np.einsum("tck,kl,tcl->tc", d, fit.precision, d)                              # (T, C)
-        w = np.exp(-0.5 * (q - q.min(1, keepdims=True)))
+        w = np.exp(-0.5 * (q - q.min(1, keepdims=True)) / (draw or 1.0))
+        if top:  # only the M most likely centroids
+            w = np.where(w >= -np.sort(-w, 1)[:, min(top, w.shape[1]) - 1][:, None], w, 0.0)
         w /= w.sum(1, keepdims=True)
+        if draw:  # randomised response: the centroid where the posterior's CDF passes u
+            pick = np.minimum([np.searchsorted(c, x) for c, x in zip(w.cumsum(1), u)], w.shape[1] - 1)
+            w = np.eye(w.shape[1], dtype=w.dtype)[pick]                                   # (T, C) one-hot
         s = np.minimum(1.0, float(fit.gate) / np.maximum(q.min(1), 1e-12))                # (T,)
         return (z + (s[:, None] * (w @ fit.centroids - z)).mean(0)).astype(np.float32)
     m = z.mean(0)                                                                         # (k,)

@@ -23,11 +23,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange, repeat
 
+from splavu_core.aam.keep import clip_uniforms
+
 
 # Fields added after the first stored adapters, with the value those adapters had: a stored config omits
 # them at that value (to_dict), and reading fills them back (from_dict), so defaults below may change.
 FORMAT1_VALUES = {"erase_rank": 0, "oracle": False, "mixer": "attention", "hidden": 256, "keep": 0,
-                  "recentre": False, "centroids": 0, "recentre_clips": False}
+                  "recentre": False, "centroids": 0, "recentre_clips": False, "recentre_draw": 0.0,
+                  "recentre_top": 0}
 # Fields renamed since adapters were first stored: {name now: name before}. Reading accepts either; the content hash
 # (aam/io.py) reads the name before, so a version's id does not change with the name.
 RENAMED = {"centroids": "classes"}
@@ -79,11 +82,18 @@ class AAMConfig:
     recentre_clips: bool = documented(False, "recentring matches each clip to the centroids and moves the video by "
                                       "the mean of its clips' offsets; False: the video's mean is matched (set by "
                                       "training from recentre_on)", derived=True)
+    recentre_draw: float = documented(0.0, "T > 0: recentring publishes ONE centroid per clip, drawn from its "
+                                      "posterior at temperature T (keyed by the clip's bytes: the same clip gives "
+                                      "the same row) instead of the posterior's mean; with recentre_on 'clips' only")
+    recentre_top: int = documented(0, "M > 0: recentring's posterior cut to its M most likely centroids "
+                                   "(renormalised) before the mean or the draw; with recentre_on 'clips' only; 0 = all")
 
     def __post_init__(self):
         for f in fields(self):
             v = getattr(self, f.name)
-            want = bool if f.type in ("bool", bool) else str if f.type in ("str", str) else int
+            want = {"bool": bool, "str": str, "float": float}.get(getattr(f.type, "__name__", f.type), int)
+            if want is float and type(v) is int:
+                setattr(self, f.name, v := float(v))  # JSON writes 4.0 as 4
             if type(v) is not want:  # bool is an int subclass: be strict so JSON mistakes show up
                 raise TypeError(f"AAMConfig.{f.name} must be {want.__name__}, got {v!r}")
         if self.layers < (0 if self.mixer == "mlp" else 1):  # no mlp block: the fitted linear stages alone
@@ -105,6 +115,11 @@ class AAMConfig:
                              f"adapter")
         if self.recentre_clips and not self.recentre:
             raise ValueError("AAMConfig.recentre_clips without recentre: there is no recentring stage to match clips")
+        if self.recentre_draw < 0 or self.recentre_top < 0 or \
+                ((self.recentre_draw or self.recentre_top) and not self.recentre_clips):
+            raise ValueError(f"AAMConfig.recentre_draw and recentre_top must be >= 0 and need recentre_clips (clips "
+                             f"matched one by one), got recentre_draw={self.recentre_draw}, recentre_top="
+                             f"{self.recentre_top}, recentre_clips={self.recentre_clips}")
         if not self.recentre and self.centroids:
             raise ValueError(f"AAMConfig.centroids={self.centroids} without recentre: nothing would read them")
         if not 0 <= self.erase_rank < self.dim:
@@ -257,20 +272,27 @@ class Recentre(nn.Module):
     posterior-weighted mixture of the centroids (k-means clusters or trained classes) under a shared-covariance model,
     moved proportionally less past a training quantile of distances (classes nobody trained for). Per video."""
 
-    def __init__(self, k: int, classes: int, per_clip: bool = False):
+    def __init__(self, k: int, classes: int, per_clip: bool = False, draw: float = 0.0, top: int = 0):
         super().__init__()
-        self.per_clip = per_clip
+        self.per_clip, self.draw, self.top = per_clip, draw, top
         self.register_buffer("centroids", torch.zeros(classes, k))  # (C, k)
         self.register_buffer("precision", torch.zeros(k, k))        # (k, k)
         self.register_buffer("gate", torch.zeros(()))               # squared distance
 
-    def forward(self, z: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        # z: (B, T, k); mask: (B, T) bool or None
+    def forward(self, z: torch.Tensor, mask: torch.Tensor | None, u: torch.Tensor | None = None) -> torch.Tensor:
+        # z: (B, T, k); mask: (B, T) bool or None; u: (B, T) uniforms in [0, 1), one per clip (draw > 0 only)
         w_t = torch.ones(z.shape[:2], dtype=z.dtype) if mask is None else mask.to(z.dtype)
         if self.per_clip:  # each clip matched on its own; the video moves by the mean of its clips' offsets
             d = z[:, :, None, :] - self.centroids                                # (B, T, C, k)
             q = torch.einsum("btck,kl,btcl->btc", d, self.precision, d)          # (B, T, C)
-            w = torch.softmax(-0.5 * q, dim=-1)                                  # (B, T, C)
+            w = torch.softmax(-0.5 * q / (self.draw or 1.0), dim=-1)             # (B, T, C)
+            if self.top:  # only the M most likely centroids
+                w = torch.where(w >= w.topk(min(self.top, w.shape[-1]), -1).values[..., -1:], w, 0.0)
+                w = w / w.sum(-1, keepdim=True)
+            if self.draw:  # randomised response: one centroid, drawn by inverting the posterior's CDF at u
+                assert u is not None and u.shape == z.shape[:2], "a drawn centroid needs one uniform per clip"
+                pick = torch.searchsorted(w.double().cumsum(-1), u.double()[..., None]).clamp(max=w.shape[-1] - 1)
+                w = F.one_hot(pick[..., 0], w.shape[-1]).to(z.dtype)             # (B, T, C)
             scale = (self.gate / q.min(-1).values.clamp_min(1e-12)).clamp(max=1.0)  # (B, T)
             off = scale[..., None] * (w @ self.centroids - z) * w_t[..., None]   # (B, T, k), padding out
             return z + (off.sum(1) / w_t.sum(1, keepdim=True))[:, None, :]
@@ -297,7 +319,8 @@ class AnonymizingAdapter(nn.Module):
         S, C, W = cfg.sub_tokens, cfg.sub_dim, cfg.token_width
         self.erase = Erasure(cfg.dim, cfg.erase_rank) if cfg.erase_rank else None
         self.keep = Keep(cfg.dim, cfg.keep) if cfg.keep else None
-        self.recentre = Recentre(cfg.keep, cfg.centroids, cfg.recentre_clips) if cfg.recentre else None
+        self.recentre = Recentre(cfg.keep, cfg.centroids, cfg.recentre_clips, cfg.recentre_draw, cfg.recentre_top) \
+            if cfg.recentre else None
         if cfg.mixer == "mlp":  # one dense residual MLP per block on the whole vector: ~8x fewer MACs per clip
             self.mlps = nn.ModuleList(ClipMLP(cfg.out_dim, cfg.hidden) for _ in range(cfg.layers))
             return
@@ -332,6 +355,9 @@ class AnonymizingAdapter(nn.Module):
             x_in = torch.where(mask[..., None], x, 0.0)  # padding may hold anything (even NaN): keep it out
         else:
             x_in = x
+        u = None
+        if self.recentre is not None and self.recentre.draw:  # (B, T): one uniform per clip, keyed by its bytes
+            u = torch.from_numpy(clip_uniforms(x_in.detach().to(torch.float32).cpu().numpy()))
         if self.erase is not None:
             x_in = self.erase(x_in)
             x = x_in if mask is None else torch.where(mask[..., None], x_in, x)
@@ -343,7 +369,7 @@ class AnonymizingAdapter(nn.Module):
             for mlp in self.mlps:
                 h = h + mlp(h)                                   # (B, T, D)
             if self.recentre is not None:
-                h = self.recentre(h, mask)                       # (B, T, k): per video
+                h = self.recentre(h, mask, u)                    # (B, T, k): per video
             y = h if mask is None else torch.where(mask[..., None], h, x)
             return y[:, 0] if lone else y
 

@@ -41,6 +41,12 @@ def adapter_config(data: TrainingData, cfg: TrainConfig, log) -> AAMConfig:
                 log("recentre: off (recentre_on 'classes' recentres on the trained actions' centroids; task 'ar' "
                     "is not trained)" if cfg.recentre_on == "classes" else
                     "recentre: off (fewer than 2 training clips to cluster)")
+    per_clip = [k for k in ("recentre_draw", "recentre_top") if adapter_kw.get(k)]
+    if per_clip and not adapter_kw.get("recentre_clips"):  # drawn or cut per clip: nothing to do on whole videos
+        for k in per_clip:
+            adapter_kw.pop(k)
+        if log and adapter_kw.get("recentre"):
+            log(f"{', '.join(per_clip)}: off (recentre_on 'classes' matches whole videos, not clips)")
     return AAMConfig(dim=data.dim, oracle=cfg.loop.oracle, **adapter_kw)
 
 

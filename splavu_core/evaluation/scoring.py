@@ -320,10 +320,11 @@ def score_features(store, features_fn: Callable | None = None, split: str = "val
                    seeds: Sequence[int] = range(P.N_SEEDS), which: Sequence[str] = ("ar", "tad", "ad", "privacy",
                                                                                       "clip_privacy"),
                    name: str = "candidate", datasets: Mapping[str, str] | None = None,
-                   probe_kwargs: Mapping[str, dict] | None = None, features=None) -> list[dict]:
+                   probe_kwargs: Mapping[str, dict] | None = None, features=None, raw=None) -> list[dict]:
     """Score raw latents and features_fn(raw) of a store on `split` ('val': never the report's test split),
     without publishing anything. features_fn maps one video's clip latents (T, D) float32 -> (T, D') (a per-clip
-    map applied to a (T, D) array works as is). Or pass `features`: dataset -> videos already transformed.
+    map applied to a (T, D) array works as is). Or pass `features`: dataset -> videos already transformed, and
+    `raw`: dataset -> the raw videos they came from (default: the store's, every video).
     Returns rows (see module doc): raw rows, the candidate's rows and its paired changes vs raw
     (delta_*, retention_*, leakage_removed), each with value, sd, ci_low, ci_high, chance, n_seeds."""
     from splavu_core.evaluation.suite import load_feature_sets
@@ -331,7 +332,8 @@ def score_features(store, features_fn: Callable | None = None, split: str = "val
 
     ds = role_datasets(store, dict(datasets or {}))
     which = [t for t in which if t in ds]
-    raw = load_feature_sets(store, which, "raw", datasets=ds)
+    raw = load_feature_sets(store, which, "raw", datasets=ds) if raw is None else \
+        {d: raw[d] for d in dict.fromkeys(ds[t] for t in which)}
     if features is None:
         assert features_fn is not None, "score_features: pass features_fn or features"
         features = {d: apply_features(v, features_fn) for d, v in raw.items()}

@@ -36,8 +36,8 @@ def version_config(store: FeatureStore, version: str) -> TrainConfig:
     if tc and "recentre_on" not in tc:  # recorded before recentring could be on clips: it was on classes
         tc["recentre_on"] = "classes"
     cfg = TrainConfig.from_flat({k: tuple(v) if k == "tasks" else v for k, v in tc.items()}) if tc else TrainConfig()
-    return cfg.replace(adapter={**cfg.adapter, **{k: meta["config"][k] for k in ("keep", "recentre")
-                                                  if k in meta.get("config", {})}})
+    stored = ("keep", "recentre", "recentre_draw", "recentre_top")
+    return cfg.replace(adapter={**cfg.adapter, **{k: meta["config"][k] for k in stored if k in meta.get("config", {})}})
 
 
 def closed_form_why_not(store: FeatureStore, version: str) -> str | None:
