@@ -367,6 +367,8 @@ def _removed_table(first: str, rows: list[tuple[str, dict]]) -> str:
 
 # the ablation variants results.md sets beside the default (pipeline/ablations.py VARIANTS), with what each one is
 COMPARED = [("default", "the default (clip clusters, k = 11)"), ("no_recentre", "keep alone (k = 11)"),
+            ("keep14_draw4", "k = 14 + a centroid drawn per clip (recentre_draw 4)"),
+            ("keep14_draw4_top3", "k = 14 + a centroid drawn among the 3 most likely (recentre_top 3)"),
             ("recentre_classes", "the previous default (recentring on classes)"),
             ("paper", "the paper's objective (trained adapter)")]
 

@@ -154,7 +154,7 @@ def test_results_are_rendered_from_the_report(tmp_path):
     compared = text[text.index("## The default beside other anonymizers"):text.index("## Gates")]
     assert "| the default (clip clusters, k = 11) | 0.611 [0.561, 0.661] |" in compared
     assert "| the previous default (recentring on classes) | 0.654 [0.604, 0.704] |" in compared
-    assert "keep_k8" not in compared and "Not run on this store: keep alone (k = 11), the paper's" in compared
+    assert "keep_k8" not in compared and "Not run on this store: keep alone (k = 11), k = 14 + a centroid drawn per clip" in compared
 
     missing = gen.render_results(tmp_path / "nowhere.json")
     assert "make demo" in missing and "python docs/gen_reference.py" in missing
