@@ -169,6 +169,23 @@ def test_baseline_stores_are_their_own_and_never_touch_raw(tiny_store, run_basel
     assert again["shards_extracted"] == 0 and again["shards_skipped"] == md["shards_extracted"]
 
 
+def test_a_baseline_whose_person_masks_are_missing_stops_and_writes_nothing(tiny_store, run_baseline, tmp_path,
+                                                                            monkeypatch):
+    """Videos raw extracted but the transform cannot (here: no mask file, as after `make demo`, which skips them)
+    stop the baseline with the file and the fix named, before its shard is written: not 0 clips scored later."""
+    from splavu_core.extract import pixel as pixel_mod
+
+    root = tmp_path / "store"
+    shutil.copytree(tiny_store, root)
+    shutil.rmtree(root / "baselines", ignore_errors=True)
+    monkeypatch.setattr(pixel_mod, "mask_path", lambda video: Path(video).with_name("missing.mask.npz"))
+    with pytest.raises(Exception, match=r"pixel baseline blacken, shard ar-\d+: \d+ of the videos raw extracted "
+                                        r"failed here \(nothing written\), e\.g\. .*missing\.mask\.npz: no person mask"):
+        run_baseline(root, "blacken", datasets=["ar"], mask_source="rendered")
+    store = root / "baselines" / "pixel_blacken"
+    assert not store.exists() or not FeatureStore(store).committed_shards()
+
+
 def test_baselines_without_a_version_to_score_stop_before_extracting(tiny_store, tmp_path, capsys):
     """`splavu baselines` scores the baselines beside an AAM version: on a store with none it says so at once,
     not after re-encoding every video; --no-evaluate extracts without one."""

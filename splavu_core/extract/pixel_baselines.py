@@ -17,6 +17,7 @@ from splavu_core.extract.pixel import PixelAnonymizer, baseline_root, feature_se
 from splavu_core.extract.sampling import ClipSampling
 from splavu_core.extract.shards import extract_shard, manifest_hash
 from splavu_core.ingest.datasets import dataset_of, register_dataset, registered, shard_rows, write_shard_manifest
+from splavu_core.ingest.masks import PixelError
 from splavu_core.store import costs
 from splavu_core.store.feature_store import FeatureStore, StoreError
 
@@ -58,6 +59,19 @@ def stale_shards(raw: FeatureStore, baseline: FeatureStore, datasets: Iterable[s
     return out
 
 
+def _same_videos_as_raw(raw: FeatureStore, shard: str, data, name: str) -> None:
+    """A baseline is scored paired with raw, video by video: a video raw extracted that the transform could not
+    (a missing person mask, say) stops the baseline here, before its shard is written, naming the first failure."""
+    q = data.quarantine.to_pylist()
+    if not q:
+        return
+    have = set(raw.read_shard(shard, with_static=False).index.column("video_id").to_pylist())
+    lost = [r for r in q if r["video_id"] in have]
+    if lost:
+        raise PixelError(f"pixel baseline {name}, shard {shard}: {len(lost)} of the videos raw extracted failed here "
+                         f"(nothing written), e.g. {lost[0]['error']}")
+
+
 def extract_baseline(raw: FeatureStore, pixel: PixelAnonymizer, encoder: FrozenEncoder, sampling: ClipSampling,
                      datasets: Sequence[str], batch_size: int = 16, decode_threads: int = 2,
                      log: Callable[[str], None] | None = None) -> dict:
@@ -91,6 +105,7 @@ def extract_baseline(raw: FeatureStore, pixel: PixelAnonymizer, encoder: FrozenE
             t0 = time.perf_counter()
             data = extract_shard(shard, rows, manifest.root, encoder, sampling, batch_size=batch_size,
                                  decode_threads=decode_threads, static_splits=(), log=log, pixel=pixel)
+            _same_videos_as_raw(raw, shard, data, pixel.name)
             marker = store.write_shard(shard, data, prov, mhash)
             secs = time.perf_counter() - t0
             costs.record(store, name, "extract", shard, secs, videos=marker["videos"], clips=marker["clips"])
