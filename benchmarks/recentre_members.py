@@ -47,7 +47,7 @@ from sklearn.cluster import KMeans
 
 from splavu_core.aam.closed_form import fit_utility_keep, n_centroids, recentre_pool
 from splavu_core.aam.config import TrainConfig
-from splavu_core.aam.keep import apply_keep, fit_recentre
+from splavu_core.aam.keep import apply_keep, fit_recentre, top_cut
 from splavu_core.aam.training_data import load_training_data
 from splavu_core.evaluation import trivial
 from splavu_core.evaluation.scoring import score_features
@@ -143,9 +143,7 @@ def member_map(m: dict, data, data_out, cfg: TrainConfig):
         z, zo = apply_keep(fit, x), apply_keep(fit_out, x_out)
         d = z[:, None, :] - cent
         q = np.einsum("tck,kl,tcl->tc", d, prec, d)                                     # (T, C)
-        w = np.exp(-0.5 * (q - q.min(1, keepdims=True)) / tau)
-        if m.get("top"):  # only the M most likely centroids
-            w = np.where(w >= -np.sort(-w, 1)[:, int(m["top"]) - 1:int(m["top"])], w, 0.0)
+        w = top_cut(np.exp(-0.5 * (q - q.min(1, keepdims=True)) / tau), int(m.get("top", 0)))
         w /= w.sum(1, keepdims=True)
         if m.get("sample"):
             rng = np.random.default_rng(int.from_bytes(hashlib.sha256(x.tobytes()).digest()[:8], "little"))

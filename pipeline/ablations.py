@@ -96,8 +96,8 @@ VARIANTS: dict[str, dict] = {
 }
 GROUPS: dict[str, list[str]] = {
     "The keep family (default: keep k = 11, closed form) beside the previous default and the paper's objective": [
-        "default", "no_recentre", "recentre_classes", "keep14_draw4", "keep14_draw4_top3", "keep_k8", "keep_k24", "keep_k32", "keep_no_motion",
-        "keep_unshrunk", "keep_dynamic", "keep_learned",
+        "default", "no_recentre", "recentre_classes", "keep14_draw4", "keep14_draw4_top3", "keep_k8", "keep_k24",
+        "keep_k32", "keep_no_motion", "keep_unshrunk", "keep_dynamic", "keep_learned",
         "keep_after_erasure",
         "previous_default", "paper"],
     "Tasks seen in training, default adapter (paper Tab. 2 / 4)": [f"tasks_{n}" for n in TASK_SETS],

@@ -107,9 +107,9 @@ def fit_closed_form(data: TrainingData, tasks, k: int, cfg: TrainConfig) -> dict
     if n_centroids(data, tasks, cfg) >= 2:
         means, labels = recentre_targets(data, tasks, cfg, lambda f: apply_keep(fit, f))
         rfit = fit_recentre(means, labels, cfg.recentre_quantile, per_clip=cfg.recentre_on == "clips")
-        clips = cfg.recentre_on == "clips"  # drawn or cut per clip (train.adapter_config turns both off on classes)
-        draw, top = (float(cfg.adapter.get("recentre_draw", 0.0)), int(cfg.adapter.get("recentre_top", 0))) \
-            if clips else (0.0, 0)
+        per_clip = cfg.recentre_on == "clips"  # drawn or cut per clip only (train.adapter_config drops both else)
+        draw = float(cfg.adapter.get("recentre_draw", 0.0)) if per_clip else 0.0
+        top = int(cfg.adapter.get("recentre_top", 0)) if per_clip else 0
         maps[True] = lambda f: apply_recentre(rfit, apply_keep(fit, f), draw, clip_uniforms(f) if draw else None, top)
     return maps
 

@@ -191,6 +191,13 @@ def clip_uniforms(x: np.ndarray) -> np.ndarray:
     return (np.array(keys, np.float64) / 2.0 ** 64).reshape(np.shape(x)[:-1])
 
 
+def top_cut(w: np.ndarray, top: int) -> np.ndarray:
+    """(T, C) posterior weights with all but each row's `top` largest set to 0 (top 0: unchanged), not renormalised."""
+    if not top:
+        return w
+    return np.where(w >= -np.sort(-w, 1)[:, min(top, w.shape[1]) - 1][:, None], w, 0.0)
+
+
 def apply_recentre(fit: RecentreFit, z: np.ndarray, draw: float = 0.0, u: np.ndarray | None = None,
                    top: int = 0) -> np.ndarray:
     """z: (T, k) the kept clips of ONE video -> (T, k), the video's mean replaced by its expected centroid; per_clip:
@@ -201,9 +208,7 @@ def apply_recentre(fit: RecentreFit, z: np.ndarray, draw: float = 0.0, u: np.nda
     if fit.per_clip:
         d = z[:, None, :] - fit.centroids                                                 # (T, C, k)
         q = np.einsum("tck,kl,tcl->tc", d, fit.precision, d)                              # (T, C)
-        w = np.exp(-0.5 * (q - q.min(1, keepdims=True)) / (draw or 1.0))
-        if top:  # only the M most likely centroids
-            w = np.where(w >= -np.sort(-w, 1)[:, min(top, w.shape[1]) - 1][:, None], w, 0.0)
+        w = top_cut(np.exp(-0.5 * (q - q.min(1, keepdims=True)) / (draw or 1.0)), top)
         w /= w.sum(1, keepdims=True)
         if draw:  # randomised response: the centroid where the posterior's CDF passes u
             pick = np.minimum([np.searchsorted(c, x) for c, x in zip(w.cumsum(1), u)], w.shape[1] - 1)

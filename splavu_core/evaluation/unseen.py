@@ -27,6 +27,8 @@ from splavu_core.store.feature_store import FeatureStore
 UTILITY = ("ar", "tad", "ad")
 MEMBERS = ("config", "keep", "pca")          # the version's configuration, keep alone, the same-width PCA
 NEW_CLASS_TASK = "ar_new_classes"
+# the adapter fields a closed-form refit reads (fit_closed_form), taken from the version's own stored config
+REFIT_FIELDS = ("keep", "recentre", "recentre_draw", "recentre_top")
 
 
 def version_config(store: FeatureStore, version: str) -> TrainConfig:
@@ -36,8 +38,8 @@ def version_config(store: FeatureStore, version: str) -> TrainConfig:
     if tc and "recentre_on" not in tc:  # recorded before recentring could be on clips: it was on classes
         tc["recentre_on"] = "classes"
     cfg = TrainConfig.from_flat({k: tuple(v) if k == "tasks" else v for k, v in tc.items()}) if tc else TrainConfig()
-    stored = ("keep", "recentre", "recentre_draw", "recentre_top")
-    return cfg.replace(adapter={**cfg.adapter, **{k: meta["config"][k] for k in stored if k in meta.get("config", {})}})
+    stored = meta.get("config", {})
+    return cfg.replace(adapter={**cfg.adapter, **{k: stored[k] for k in REFIT_FIELDS if k in stored}})
 
 
 def closed_form_why_not(store: FeatureStore, version: str) -> str | None:
