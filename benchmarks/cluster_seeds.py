@@ -13,8 +13,12 @@ lower end. Measured 2026-12-05 on the demo store: seeds 0-7 gave close-ups 0.517
 
 --forget N: instead, N training subjects drawn at random (seeded) are erased one at a time, as `splavu forget
 --subject` would: their videos leave the AAM's training data and the AR videos scored, and the configuration is
-refitted with its own k-means seed; the summary says how many refits would still publish (every privacy part's
-lower end >= the budget). The re-identification part is scored too (the gate's third privacy part).
+refitted with its own k-means seed. The re-identification part is scored too (the gate's third privacy part).
+
+Each line says whether the privacy gate would pass (every privacy part's lower end >= the budget), whether AR is
+kept by the utility gate's rule (ledger.retention_kept: not a loss below the threshold beyond the noise) and
+whether the fit would publish (both; AR is the seen task the utility gate refuses first on these stores, TAD and AD
+are not scored here); the summary counts each.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from splavu_core.evaluation.suite import anonymize_videos, load_feature_sets
 from splavu_core.ingest.datasets import task_datasets
 from splavu_core.settings import settings
 from splavu_core.store.feature_store import FeatureStore
+from splavu_core.store.ledger import retention_kept
 
 PARTS = {"closeups": ("privacy", "leakage_removed"), "clips": ("clip_privacy", "leakage_removed"),
          "linking": ("reid", "linkage_removed"), "ar": ("ar", "retention_top1")}
@@ -68,7 +73,7 @@ def main(argv=None):
     datasets = task_datasets(store, {})
     which = [t for t, _ in PARTS.values() if t in datasets]
     raw = load_feature_sets(store, which, "raw", datasets=datasets)
-    budget = settings().privacy_budget
+    budget, utility = settings().privacy_budget, settings().utility_gate
     found = []
     cfg = TrainConfig.from_flat(json.loads(args.config))
     if args.forget:
@@ -88,11 +93,14 @@ def main(argv=None):
         for part, (task, metric) in PARTS.items():
             hit = [r for r in rows if r["feature_set"] == "candidate" and r["task"] == task and r["metric"] == metric]
             line[part] = [round(hit[0][k], 4) for k in ("value", "ci_low", "ci_high")] if hit else None
-        line["publishes"] = all(line[p] is None or line[p][1] >= budget for p in PRIVACY_PARTS)
+        line["privacy_passes"] = all(line[p] is None or line[p][1] >= budget for p in PRIVACY_PARTS)
+        line["ar_kept"] = line["ar"] is None or retention_kept(line["ar"][0], line["ar"][2], utility)
+        line["publishes"] = line["privacy_passes"] and line["ar_kept"]
         found.append(line)
         print(json.dumps(line), flush=True)
     close = np.array([f["closeups"] for f in found if f["closeups"]])
     print(json.dumps({"summary": "closeups", ("subjects" if args.forget else "seeds"): len(found), "budget": budget,
+                      "privacy_passing": sum(f["privacy_passes"] for f in found),
                       "publishing": sum(f["publishes"] for f in found),
                       "mean": round(float(close[:, 0].mean()), 4) if len(close) else None,
                       "sd": round(float(close[:, 0].std(ddof=1)), 4) if len(close) > 1 else None,

@@ -11,9 +11,15 @@ reader suites, 5 probe seeds, bootstrap over people) beside the same-width PCA. 
     default        the shipped default
     k<N>           the keep width N (the default 11)
     tau<T>         the posterior over centroids at temperature T (< 1 sharper, > 1 flatter)
-    sample[-tau<T>]  one centroid DRAWN per clip from its posterior (randomised response; a draw keyed by the clip's
-                   bytes, so the same clip gives the same row) instead of the posterior's mean
+    sample[-tau<T>]  one centroid DRAWN per clip from its posterior (randomised response; keyed by the clip's bytes
+                   as the adapter keys it, keep.clip_uniforms: the same rows as recentre_draw) instead of the mean
     top<M>         the posterior cut to its M most likely centroids (renormalised) before the mean or the draw
+    vid[-poe]      the video's MEAN matched and one centroid for the whole video (poe: at temperature T / its clips, the
+                   product of its clips' posteriors); with sample, one draw per video keyed by the video's bytes
+    split<A>       (with sample) the leading A keep directions (the most utility per unit of the rest) from the
+                   posterior's mean at T = 1, as the default, and only the others from the drawn centroid
+    salt<N>        (with sample) another draw of the same member: each clip's uniform shifted by N golden ratios mod 1,
+                   for the spread of a drawn member's figures over draws
     clusters<N>    N training clips per centroid (the default 50: 80 centroids on the demo)
     blind<L>       matching that ignores appearance: the training static clips' between-video scatter (kept space),
                    L times the within-cluster covariance's trace, added to the matching covariance
@@ -37,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import re
 import time
@@ -47,7 +52,7 @@ from sklearn.cluster import KMeans
 
 from splavu_core.aam.closed_form import fit_utility_keep, n_centroids, recentre_pool
 from splavu_core.aam.config import TrainConfig
-from splavu_core.aam.keep import apply_keep, fit_recentre, top_cut
+from splavu_core.aam.keep import apply_keep, clip_uniforms, fit_recentre, top_cut
 from splavu_core.aam.training_data import load_training_data
 from splavu_core.evaluation import trivial
 from splavu_core.evaluation.scoring import score_features
@@ -56,7 +61,7 @@ from splavu_core.ingest.datasets import task_datasets
 from splavu_core.store.feature_store import FeatureStore
 
 KNOBS = ("default", "k", "tau", "sample", "clusters", "blind", "wapp", "ninit", "still", "dyn", "anchor", "match",
-         "ctx", "top")
+         "ctx", "top", "salt", "vid", "poe", "split")
 METRICS = ("leakage_removed", "linkage_removed", "retention_top1", "retention_mAP", "retention_auc")
 
 
@@ -141,15 +146,32 @@ def member_map(m: dict, data, data_out, cfg: TrainConfig):
 
     def f(x, x_out):
         z, zo = apply_keep(fit, x), apply_keep(fit_out, x_out)
+        if m.get("vid"):  # the video's mean matched, ONE centroid for the whole video (poe: temperature / clips)
+            d = z.mean(0) - cent                                                            # (C, k)
+            q = np.einsum("ck,kl,cl->c", d, prec, d)
+            t = tau / (len(z) if m.get("poe") else 1)
+            w = top_cut(np.exp(-0.5 * (q - q.min()) / t)[None], int(m.get("top", 0)))[0]
+            w /= w.sum()
+            if m.get("sample"):
+                u = (clip_uniforms(x.reshape(1, -1))[0] + float(m.get("salt", 0)) * 0.6180339887) % 1.0
+                w = np.eye(len(cent))[min(np.searchsorted(w.cumsum(), u), len(cent) - 1)]
+            s = min(1.0, gate / max(q.min(), 1e-12))
+            return (zo + s * (w @ cent_out - zo.mean(0))).astype(np.float32)
         d = z[:, None, :] - cent
         q = np.einsum("tck,kl,tcl->tc", d, prec, d)                                     # (T, C)
         w = top_cut(np.exp(-0.5 * (q - q.min(1, keepdims=True)) / tau), int(m.get("top", 0)))
         w /= w.sum(1, keepdims=True)
-        if m.get("sample"):
-            rng = np.random.default_rng(int.from_bytes(hashlib.sha256(x.tobytes()).digest()[:8], "little"))
-            w = np.eye(len(cent))[[rng.choice(len(cent), p=wi) for wi in w]]
+        if m.get("sample"):  # keyed per clip as the adapter keys it (salt: another draw, shifted by N golden ratios)
+            u = (clip_uniforms(x) + float(m.get("salt", 0)) * 0.6180339887) % 1.0
+            pick = np.minimum([np.searchsorted(c, ui) for c, ui in zip(w.cumsum(1), u)], len(cent) - 1)
+            w = np.eye(len(cent))[pick]
+        target = w @ cent_out                                                           # (T, k)
+        if m.get("split"):  # the leading `split` keep directions from the posterior's mean at T = 1, the rest drawn
+            a = int(m["split"])
+            w1 = np.exp(-0.5 * (q - q.min(1, keepdims=True)))
+            target[:, :a] = (w1 / w1.sum(1, keepdims=True) @ cent_out)[:, :a]
         s = np.minimum(1.0, gate / np.maximum(q.min(1), 1e-12))
-        return (zo + (s[:, None] * (w @ cent_out - zo)).mean(0)).astype(np.float32)
+        return (zo + (s[:, None] * (target - zo)).mean(0)).astype(np.float32)
     return f
 
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,6 +82,10 @@ def test_cluster_seeds(store_copy):
         low, high = s["closeups"][1], s["closeups"][2]
         assert low <= s["closeups"][0] <= high and s["ar"] is not None
     assert 0 <= summary["passing_at_lower_end"] <= 2 and summary["publishing"] == sum(s["publishes"] for s in seeds)
+    for s in seeds:  # publishing needs both gates: the privacy parts' lower ends and AR kept by the gate's rule
+        assert s["publishes"] == (s["privacy_passes"] and s["ar_kept"])
+        assert s["privacy_passes"] == all(s[p][1] >= 0.5 for p in ("closeups", "clips", "linking") if s[p])
+        assert s["ar_kept"] == (s["ar"][0] >= 0.95 or s["ar"][2] >= 1.0)
 
 
 def test_cluster_seeds_forget(store_copy):
@@ -93,15 +98,44 @@ def test_cluster_seeds_forget(store_copy):
 
 
 def test_recentre_members(store_copy):
-    out = run_bench("recentre_members", "--store", store_copy, "--members", "default", "sample-tau4", "clusters200",
+    names = ["default", "sample-tau4", "clusters200", "vid-poe-sample-tau4", "sample-tau4-split3"]
+    out = run_bench("recentre_members", "--store", store_copy, "--members", *names,
                     "--cluster-seeds", 0, "--probe-seeds", 2, "--which", "privacy,ar", "--pca", "--unseen")
-    assert [(o["member"], o["cluster_seed"]) for o in out[1:]] == [("default", 0), ("sample-tau4", 0),
-                                                                   ("clusters200", 0)]
+    assert [(o["member"], o["cluster_seed"]) for o in out[1:]] == [(n, 0) for n in names]
     assert out[0]["member"].startswith("pca_") and out[0]["cluster_seed"] is None
     for o in out:
         value, low, high = o["privacy"]
         assert low <= value <= high and o["ar"] is not None
     assert all("ar_unseen" in o for o in out[1:])  # AR refitted without its labels, per member
+
+
+def test_recentre_members_draws_the_adapters_rows(store_copy):
+    """The harness's drawn members key each clip as the adapter does (keep.clip_uniforms): its rows are the closed
+    form's (which tests/test_keep.py ties to the torch adapter), so its figures are the adapter's."""
+    import importlib.util
+
+    from splavu_core.aam.closed_form import fit_closed_form
+    from splavu_core.aam.config import TrainConfig
+    from splavu_core.aam.training_data import load_training_data
+    from splavu_core.store.feature_store import FeatureStore
+
+    spec = importlib.util.spec_from_file_location("recentre_members", REPO / "benchmarks" / "recentre_members.py")
+    members = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(members)
+    data = load_training_data(FeatureStore(store_copy))
+    videos = (data.ar_val or data.ar_train)[:12]
+    cfg, closed = TrainConfig(), {}
+    for name, adapter in (("k14-sample-tau4", {"keep": 14, "recentre_draw": 4.0}),
+                          ("k14-sample-tau4-top2", {"keep": 14, "recentre_draw": 4.0, "recentre_top": 2}),
+                          ("k9-sample-tau2", {"keep": 9, "recentre_draw": 2.0})):
+        harness = members.member_map(members.parse(name), data, data, cfg)
+        closed[name] = fit_closed_form(data, cfg.tasks, adapter["keep"],
+                                       cfg.replace(adapter={**cfg.adapter, **adapter}))[True]
+        for v in videos:
+            np.testing.assert_allclose(harness(v.feats, v.feats), closed[name](v.feats), atol=1e-4, err_msg=name)
+    salted = members.member_map(members.parse("k14-sample-tau4-salt1"), data, data, cfg)  # another draw: other rows
+    assert any(not np.allclose(salted(v.feats, v.feats), closed["k14-sample-tau4"](v.feats), atol=1e-4)
+               for v in videos)
 
 
 def test_gbdt_stability(store_copy):
