@@ -98,7 +98,7 @@ def test_cluster_seeds_forget(store_copy):
 
 
 def test_recentre_members(store_copy):
-    names = ["default", "sample-tau4", "clusters200", "vid-poe-sample-tau4", "sample-tau4-split3"]
+    names = ["default", "sample-tau4", "clusters200", "vid-poe-sample-tau4", "sample-tau4-split3", "wappw1-blindw1"]
     out = run_bench("recentre_members", "--store", store_copy, "--members", *names,
                     "--cluster-seeds", 0, "--probe-seeds", 2, "--which", "privacy,ar", "--pca", "--unseen")
     assert [(o["member"], o["cluster_seed"]) for o in out[1:]] == [(n, 0) for n in names]
