@@ -24,9 +24,9 @@ reader suites, 5 probe seeds, bootstrap over people) beside the same-width PCA. 
     blind<L>       matching that ignores appearance: the training static clips' between-video scatter (kept space),
                    L times the within-cluster covariance's trace, added to the matching covariance
     wapp<W>        the keep fit's keep_w_app = W (between-video static scatter avoided)
-    wappw<W>       the same, with only the WITHIN-ACTION part of that scatter (each AR training video's mean static clip
-                   minus its action's mean of them: who and where, not the action's context); blindw<L>: the matching
-                   made blind to that part (as blind)
+    wappw<W>       the same with keep_app_within: only the WITHIN-ACTION part of that scatter (each AR training video's
+                   mean static clip minus its action's mean of them: who and where, not the action's context);
+                   blindw<L>: the matching made blind to that part (as blind)
     ninit<N>       k-means keeps the best of N initialisations (the default 4): is the seed spread local optima?
     still[<F>]     the training static clips (one frame repeated: no motion) clustered too (F times as many clips per
                    cluster), every still cluster published as ONE vector (their mean): a clip that shows no motion
@@ -55,7 +55,7 @@ from sklearn.cluster import KMeans
 
 from splavu_core.aam.closed_form import fit_utility_keep, n_centroids, recentre_pool
 from splavu_core.aam.config import TrainConfig
-from splavu_core.aam.keep import apply_keep, clip_uniforms, fit_recentre, top_cut
+from splavu_core.aam.keep import apply_keep, clip_uniforms, fit_recentre, top_cut, within_action_static
 from splavu_core.aam.training_data import load_training_data
 from splavu_core.evaluation import trivial
 from splavu_core.evaluation.scoring import score_features
@@ -101,28 +101,13 @@ def with_anchor(data, raw, anchors, mu, context=False):
     return d, {k: [f(v) for v in vs] for k, vs in raw.items()}
 
 
-def within_action_static(data) -> np.ndarray:
-    """(V, 1, D): each AR training video's mean static clip minus its action's mean of them: who and where a still
-    shows beyond what the action's stills share (utility labels only; no private attribute)."""
-    action = {v.video_id: v.meta["action"] for v in data.ar_train}
-    rows = [i for i, vid in enumerate(data.static_ids) if vid in action]
-    means = data.static[rows].astype(np.float64).mean(1)                                 # (V, D)
-    y = np.array([action[data.static_ids[i]] for i in rows])
-    for c in np.unique(y):
-        means[y == c] -= means[y == c].mean(0)
-    return means[:, None, :].astype(np.float32)
-
-
 def member_map(m: dict, data, data_out, cfg: TrainConfig):
     """(clip latents matched (T, D), clip latents published (T, D)) -> (T, k) for one video."""
     cfg = cfg.replace(recentre_cluster_clips=int(m.get("clusters", cfg.recentre_cluster_clips)),
-                      keep_w_app=float(m.get("wapp", m.get("wappw", cfg.keep_w_app))))
+                      keep_w_app=float(m.get("wapp", m.get("wappw", cfg.keep_w_app))),
+                      keep_app_within=bool(m.get("wappw")))  # wappw: only the within-action scatter of the stills
     k = int(m.get("k", cfg.adapter["keep"]))
-    if m.get("wappw"):  # the keep fit avoids the within-action scatter of stills instead of all of it
-        fit = fit_utility_keep(dataclasses.replace(data, static=within_action_static(data)), cfg.tasks, k, cfg)
-        assert data_out is data, "wappw: not with anchors"
-    else:
-        fit = fit_utility_keep(data, cfg.tasks, k, cfg)
+    fit = fit_utility_keep(data, cfg.tasks, k, cfg)
     fit_out = fit_utility_keep(data_out, cfg.tasks, k, cfg) if data_out is not data else fit
     clips = np.concatenate([apply_keep(fit, v.feats) for v in recentre_pool(data, cfg.tasks)]).astype(np.float64)
     out = np.concatenate([apply_keep(fit_out, v.feats) for v in recentre_pool(data_out, cfg.tasks)])
@@ -154,7 +139,7 @@ def member_map(m: dict, data, data_out, cfg: TrainConfig):
     cent, prec, gate = rfit.centroids.astype(np.float64), rfit.precision.astype(np.float64), float(rfit.gate)
     cent_out = np.stack([out[labels == c].mean(0) for c in classes])                  # (C, k) published
     if m.get("blind") or m.get("blindw"):
-        st = within_action_static(data) if m.get("blindw") else data.static  # blindw: only the within-action part
+        st = within_action_static(data.static, data.static_ids, data.ar_train) if m.get("blindw") else data.static
         app = apply_keep(fit, st.reshape(-1, st.shape[-1])).reshape(len(st), st.shape[1], k).mean(1)
         a = np.cov(app.astype(np.float64), rowvar=False)
         cov = np.linalg.inv(prec)

@@ -250,6 +250,7 @@ FLAT_RECORD = {
     "selection": "val_ar", "adapter": {"keep": 11, "layers": 0, "mixer": "mlp", "recentre": True},
     "privacy": "critic", "pairs": "both", "critic_steps": 2, "critic_hidden": 256, "critic_lr": 1e-3,
     "erase_fraction": 0.0, "erase_w_action": 1.0, "erase_w_temporal": 0.0, "keep_w_motion": 1.0, "keep_w_app": 0.0,
+    "keep_app_within": False,
     "keep_tad_phases": 3, "keep_w_dynamic": 0.0, "keep_ridge": 0.3, "recentre_quantile": 0.95,
     "recentre_on": "clips", "recentre_cluster_clips": 50,
     "heldout_fraction": 0.2, "diagnose_points": 4, "diagnose_steps": 300, "oracle": False}

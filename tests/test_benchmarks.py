@@ -125,12 +125,15 @@ def test_recentre_members_draws_the_adapters_rows(store_copy):
     data = load_training_data(FeatureStore(store_copy))
     videos = (data.ar_val or data.ar_train)[:12]
     cfg, closed = TrainConfig(), {}
-    for name, adapter in (("k14-sample-tau4", {"keep": 14, "recentre_draw": 4.0}),
-                          ("k14-sample-tau4-top2", {"keep": 14, "recentre_draw": 4.0, "recentre_top": 2}),
-                          ("k9-sample-tau2", {"keep": 9, "recentre_draw": 2.0})):
+    for name, adapter, fields in (
+            ("k14-sample-tau4", {"keep": 14, "recentre_draw": 4.0}, {}),
+            ("k14-sample-tau4-top2", {"keep": 14, "recentre_draw": 4.0, "recentre_top": 2}, {}),
+            ("k9-sample-tau2", {"keep": 9, "recentre_draw": 2.0}, {}),
+            ("k14-wappw3-sample-tau4-top2", {"keep": 14, "recentre_draw": 4.0, "recentre_top": 2},
+             {"keep_w_app": 3.0, "keep_app_within": True})):
         harness = members.member_map(members.parse(name), data, data, cfg)
         closed[name] = fit_closed_form(data, cfg.tasks, adapter["keep"],
-                                       cfg.replace(adapter={**cfg.adapter, **adapter}))[True]
+                                       cfg.replace(adapter={**cfg.adapter, **adapter}, **fields))[True]
         for v in videos:
             np.testing.assert_allclose(harness(v.feats, v.feats), closed[name](v.feats), atol=1e-4, err_msg=name)
     salted = members.member_map(members.parse("k14-sample-tau4-salt1"), data, data, cfg)  # another draw: other rows

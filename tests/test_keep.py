@@ -1,4 +1,5 @@
 """The keep family: a k-dim utility subspace fitted from utility labels only, published k wide end to end."""
+import dataclasses
 import shutil
 
 import dagster as dg
@@ -212,6 +213,8 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store, 
     ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0, "recentre": True, "recentre_draw": 4.0},
      {"recentre_cluster_clips": 16}),
     ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0}, {"keep_w_dynamic": 1.0, "keep_w_app": 1.0}),
+    ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0, "recentre": True, "recentre_draw": 4.0, "recentre_top": 2},
+     {"keep_w_app": 3.0, "keep_app_within": True, "recentre_cluster_clips": 16}),
     ({"keep": 4, "layers": 1, "mixer": "mlp", "hidden": 16, "erase_rank": 4}, {})])
 def test_keep_training_never_reads_private_attribute_labels(tiny_store, tmp_path, adapter, extra):
     from splavu_core.aam.io import adapter_version
@@ -456,3 +459,24 @@ def test_the_curve_calls_an_interval_that_holds_the_budget_undecidable_not_faile
     assert "FAILS" not in why and why.splitlines()[-1].startswith("no part fails at every width")
     members[1]["privacy"] = [0.70, 0.61, 0.79]  # decided at k = 11; AR's wide interval refuses nothing
     assert operating_point(members, 0.5, 0.95)["k"] == 11
+
+
+def test_within_action_static_is_the_stills_scatter_inside_each_action():
+    """keep_app_within's S_app input: each AR video's mean static clip minus its action's mean; other videos' statics
+    (TAD, AD) are left out; the action label is the only label read."""
+    from splavu_core.aam.keep import within_action_static
+
+    rng = np.random.default_rng(0)
+    static = rng.normal(size=(7, 3, 5)).astype(np.float32)
+    ids = [f"v{i}" for i in range(7)]
+    labels = [0, 0, 1, 1, 1, 0]                                  # v6 is no AR training video
+    ar = [dataclasses.replace(v, video_id=f"v{i}") for i, v in enumerate(_videos([static[i] for i in range(6)],
+                                                                                    labels))]
+    out = within_action_static(static, ids, ar)
+    assert out.shape == (6, 1, 5)
+    means = static[:6].mean(1)
+    for c in (0, 1):
+        rows = [i for i, y in enumerate(labels) if y == c]
+        np.testing.assert_allclose(out[rows, 0], means[rows] - means[rows].mean(0), atol=1e-6)
+    with pytest.raises(ValueError, match="keep_app_within needs static clips of >= 2 AR training videos"):
+        within_action_static(static, ids, ar[:1])

@@ -33,7 +33,7 @@ def fit_appearance_projection(data: TrainingData, fit_idx: np.ndarray, rank: int
 def fit_utility_keep(data: TrainingData, tasks, k: int, cfg: TrainConfig, transform=None):
     """The keep stage as aam_model fits it, with cfg's keep_* fields: the training videos of `tasks` (utility labels
     only) and the static clips, unlabelled; `transform` (the projection, when there is one) applied first."""
-    from splavu_core.aam.keep import fit_keep
+    from splavu_core.aam.keep import fit_keep, within_action_static
 
     f = transform or (lambda x: x)
     train = {"ar": data.ar_train, "tad": data.tad_train, "ad": data.ad_train}
@@ -44,6 +44,8 @@ def fit_utility_keep(data: TrainingData, tasks, k: int, cfg: TrainConfig, transf
     static = f(data.static.reshape(-1, data.dim)).reshape(data.static.shape) if len(data.static) else data.static
     dynamic = [] if cfg.keep_w_dynamic <= 0 or data.static_actions is None else \
         [f(a) - s.mean(0) for a, s in zip(data.static_actions, static) if len(a)]  # (n_i, D): what motion adds
+    if cfg.keep_w_app > 0 and cfg.keep_app_within and len(static):
+        static = within_action_static(static, data.static_ids, data.ar_train)  # (V', 1, D), for S_app only
     return fit_keep(task_videos, static, k, w_motion=cfg.keep_w_motion, w_app=cfg.keep_w_app,
                     tad_phases=cfg.keep_tad_phases, w_dynamic=cfg.keep_w_dynamic, dynamic=dynamic,
                     ridge=cfg.keep_ridge)

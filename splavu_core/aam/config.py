@@ -79,6 +79,9 @@ class TrainConfig:
     keep_w_motion: float = documented(1.0, "keep fit (adapter keep = k): weight of within-video motion kept for "
                                       "unseen tasks")
     keep_w_app: float = documented(0.0, "keep fit: weight of between-video static (appearance) scatter to avoid")
+    keep_app_within: bool = documented(False, "keep fit: keep_w_app avoids only the stills' scatter WITHIN each "
+                                       "action class (each AR training video's mean static clip minus its action's "
+                                       "mean of them): who and where, not what the action's stills share")
     keep_tad_phases: int = documented(3, "keep fit: a TAD segment's clips labelled by class and phase (start .. end)")
     keep_w_dynamic: float = documented(0.0, "keep fit: weight of what motion adds to a video (moving clips minus its "
                                        "static clips)")

@@ -96,6 +96,22 @@ def _normalised(s: np.ndarray) -> np.ndarray:
     return s / max(np.trace(s), 1e-12)
 
 
+def within_action_static(static: np.ndarray, static_ids: Sequence[str],
+                         ar_videos: Sequence[VideoFeatures]) -> np.ndarray:
+    """static: (V, K, D) static clips of the training videos, static_ids their videos -> (V', 1, D): each AR training
+    video's mean static clip minus its action's mean of them (V' the static-bearing AR training videos): the stills'
+    scatter that is not the action's context (fit_keep's S_app with keep_app_within). Reads the action label only."""
+    action = {v.video_id: v.meta["action"] for v in ar_videos}
+    rows = [i for i, vid in enumerate(static_ids) if vid in action]
+    if len(rows) < 2:
+        raise ValueError(f"keep_app_within needs static clips of >= 2 AR training videos, found {len(rows)}")
+    means = np.asarray(static, np.float64)[rows].mean(1)                                 # (V', D)
+    y = np.array([action[static_ids[i]] for i in rows])
+    for c in np.unique(y):
+        means[y == c] -= means[y == c].mean(0)
+    return means[:, None, :].astype(np.float32)
+
+
 def fit_keep(task_videos: dict[str, Sequence[VideoFeatures]], static: np.ndarray, k: int, *,
              w_motion: float, w_app: float, ridge: float, tad_phases: int, w_dynamic: float,
              dynamic: Sequence[np.ndarray] = ()) -> KeepFit:
