@@ -55,7 +55,7 @@ from sklearn.cluster import KMeans
 
 from splavu_core.aam.closed_form import fit_utility_keep, n_centroids, recentre_pool
 from splavu_core.aam.config import TrainConfig
-from splavu_core.aam.keep import apply_keep, clip_uniforms, fit_recentre, top_cut, within_action_static
+from splavu_core.aam.keep import apply_keep, clip_uniforms, drawn, fit_recentre, top_cut, within_action_static
 from splavu_core.aam.training_data import load_training_data
 from splavu_core.evaluation import trivial
 from splavu_core.evaluation.scoring import score_features
@@ -148,6 +148,9 @@ def member_map(m: dict, data, data_out, cfg: TrainConfig):
         gate = np.quantile(np.einsum("vk,kl,vl->v", within, prec, within), cfg.recentre_quantile)
     tau = float(m.get("tau", 1.0))
 
+    def uniforms(x):  # (..., D) -> (...): keyed as the adapter keys them; salt N: shifted by N golden ratios mod 1
+        return (clip_uniforms(x) + float(m.get("salt", 0)) * 0.6180339887) % 1.0
+
     def f(x, x_out):
         z, zo = apply_keep(fit, x), apply_keep(fit_out, x_out)
         if m.get("vid"):  # the video's mean matched, ONE centroid for the whole video (poe: temperature / clips)
@@ -156,19 +159,16 @@ def member_map(m: dict, data, data_out, cfg: TrainConfig):
             t = tau / (len(z) if m.get("poe") else 1)
             w = top_cut(np.exp(-0.5 * (q - q.min()) / t)[None], int(m.get("top", 0)))[0]
             w /= w.sum()
-            if m.get("sample"):
-                u = (clip_uniforms(x.reshape(1, -1))[0] + float(m.get("salt", 0)) * 0.6180339887) % 1.0
-                w = np.eye(len(cent))[min(np.searchsorted(w.cumsum(), u), len(cent) - 1)]
+            if m.get("sample"):  # one draw keyed by the whole video's bytes
+                w = drawn(w[None], uniforms(x.reshape(1, -1)))[0]
             s = min(1.0, gate / max(q.min(), 1e-12))
             return (zo + s * (w @ cent_out - zo.mean(0))).astype(np.float32)
         d = z[:, None, :] - cent
         q = np.einsum("tck,kl,tcl->tc", d, prec, d)                                     # (T, C)
         w = top_cut(np.exp(-0.5 * (q - q.min(1, keepdims=True)) / tau), int(m.get("top", 0)))
         w /= w.sum(1, keepdims=True)
-        if m.get("sample"):  # keyed per clip as the adapter keys it (salt: another draw, shifted by N golden ratios)
-            u = (clip_uniforms(x) + float(m.get("salt", 0)) * 0.6180339887) % 1.0
-            pick = np.minimum([np.searchsorted(c, ui) for c, ui in zip(w.cumsum(1), u)], len(cent) - 1)
-            w = np.eye(len(cent))[pick]
+        if m.get("sample"):  # one draw per clip, as the adapter's recentre_draw
+            w = drawn(w, uniforms(x))
         target = w @ cent_out                                                           # (T, k)
         if m.get("split"):  # the leading `split` keep directions from the posterior's mean at T = 1, the rest drawn
             a = int(m["split"])

@@ -106,10 +106,9 @@ def within_action_static(static: np.ndarray, static_ids: Sequence[str],
     if len(rows) < 2:
         raise ValueError(f"keep_app_within needs static clips of >= 2 AR training videos, found {len(rows)}")
     means = np.asarray(static, np.float64)[rows].mean(1)                                 # (V', D)
-    y = np.array([action[static_ids[i]] for i in rows])
-    for c in np.unique(y):
-        means[y == c] -= means[y == c].mean(0)
-    return means[:, None, :].astype(np.float32)
+    _, y = np.unique([action[static_ids[i]] for i in rows], return_inverse=True)
+    centres = np.stack([means[y == c].mean(0) for c in range(y.max() + 1)])              # (A, D)
+    return (means - centres[y])[:, None, :].astype(np.float32)
 
 
 def fit_keep(task_videos: dict[str, Sequence[VideoFeatures]], static: np.ndarray, k: int, *,
@@ -214,6 +213,13 @@ def top_cut(w: np.ndarray, top: int) -> np.ndarray:
     return np.where(w >= -np.sort(-w, 1)[:, min(top, w.shape[1]) - 1][:, None], w, 0.0)
 
 
+def drawn(w: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """(T, C) posterior weights (rows summing to 1), (T,) uniforms -> (T, C) one-hot: randomised response, the centroid
+    where each row's CDF passes its uniform."""
+    pick = np.minimum([np.searchsorted(c, x) for c, x in zip(w.cumsum(1), u)], w.shape[1] - 1)
+    return np.eye(w.shape[1], dtype=w.dtype)[pick]
+
+
 def apply_recentre(fit: RecentreFit, z: np.ndarray, draw: float = 0.0, u: np.ndarray | None = None,
                    top: int = 0) -> np.ndarray:
     """z: (T, k) the kept clips of ONE video -> (T, k), the video's mean replaced by its expected centroid; per_clip:
@@ -226,9 +232,8 @@ def apply_recentre(fit: RecentreFit, z: np.ndarray, draw: float = 0.0, u: np.nda
         q = np.einsum("tck,kl,tcl->tc", d, fit.precision, d)                              # (T, C)
         w = top_cut(np.exp(-0.5 * (q - q.min(1, keepdims=True)) / (draw or 1.0)), top)
         w /= w.sum(1, keepdims=True)
-        if draw:  # randomised response: the centroid where the posterior's CDF passes u
-            pick = np.minimum([np.searchsorted(c, x) for c, x in zip(w.cumsum(1), u)], w.shape[1] - 1)
-            w = np.eye(w.shape[1], dtype=w.dtype)[pick]                                   # (T, C) one-hot
+        if draw:
+            w = drawn(w, u)                                                               # (T, C) one-hot
         s = np.minimum(1.0, float(fit.gate) / np.maximum(q.min(1), 1e-12))                # (T,)
         return (z + (s[:, None] * (w @ fit.centroids - z)).mean(0)).astype(np.float32)
     m = z.mean(0)                                                                         # (k,)
