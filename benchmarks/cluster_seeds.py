@@ -15,10 +15,10 @@ lower end. Measured 2026-12-05 on the demo store: seeds 0-7 gave close-ups 0.517
 --subject` would: their videos leave the AAM's training data and the AR videos scored, and the configuration is
 refitted with its own k-means seed. The re-identification part is scored too (the gate's third privacy part).
 
-Each line says whether the privacy gate would pass (every privacy part's lower end >= the budget), whether AR is
-kept by the utility gate's rule (ledger.retention_kept: not a loss below the threshold beyond the noise) and
-whether the fit would publish (both; AR is the seen task the utility gate refuses first on these stores, TAD and AD
-are not scored here); the summary counts each.
+Each line says whether the privacy gate would pass (every privacy part's lower end >= the budget), whether the
+utility gate would refuse AR (ledger.retention_kept: a loss below the threshold beyond the noise; an undecidable
+interval refuses nothing) and whether the fit would publish (privacy passes, AR not refused; AR is the seen task the
+utility gate refuses first on these stores, TAD and AD are not scored here); the summary counts each.
 """
 from __future__ import annotations
 
@@ -94,8 +94,9 @@ def main(argv=None):
             hit = [r for r in rows if r["feature_set"] == "candidate" and r["task"] == task and r["metric"] == metric]
             line[part] = [round(hit[0][k], 4) for k in ("value", "ci_low", "ci_high")] if hit else None
         line["privacy_passes"] = all(line[p] is None or line[p][1] >= budget for p in PRIVACY_PARTS)
-        line["ar_kept"] = line["ar"] is None or retention_kept(line["ar"][0], line["ar"][2], utility)
-        line["publishes"] = line["privacy_passes"] and line["ar_kept"]
+        # refused only for a loss beyond the noise: an interval that holds 1 is undecidable and refuses nothing
+        line["ar_refused"] = line["ar"] is not None and not retention_kept(line["ar"][0], line["ar"][2], utility)
+        line["publishes"] = line["privacy_passes"] and not line["ar_refused"]
         found.append(line)
         print(json.dumps(line), flush=True)
     close = np.array([f["closeups"] for f in found if f["closeups"]])
