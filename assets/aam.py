@@ -13,6 +13,7 @@ from splavu_core.aam.model import DEFAULT_ADAPTER, AAMConfig
 from splavu_core.aam.config import TASKS, TrainConfig, config_fields
 from splavu_core.aam.train import train_aam
 from splavu_core.aam.training_data import load_training_data
+from splavu_core.evaluation.operating_point import choose, markdown, plot_png
 from splavu_core.evaluation.report import png_markdown
 from splavu_core.ingest.datasets import training_plan
 from splavu_core.store import costs
@@ -184,8 +185,13 @@ def fit_adapter(feature_store, config: AAMTrainingConfig, log=print) -> dict:
     log(plan.summary())
     data = load_training_data(feature_store, plan.datasets["ar"], plan.datasets["tad"], plan.datasets["ad"])
     train_cfg = config.train_config().replace(tasks=plan.tasks, selection=plan.selection)
+    rule = None
+    if train_cfg.operating_point == "rule":  # the candidate the publish rule picks on the selection split
+        train_cfg, rule = choose(feature_store, data, train_cfg, log=log)
     t = time.perf_counter()
     adapter, acfg, summary = train_aam(data, train_cfg, log=log)
+    if rule is not None:
+        summary["operating_point"] = {k: rule[k] for k in ("split", "chosen", "why", "request") if k in rule}
     fit_s = time.perf_counter() - t  # fits, loop and diagnostics: the closed form's work is all outside the loop
     fingerprint = feature_store.encoder_fingerprint()
     version = adapter_version(adapter, acfg, fingerprint)  # content hash: same weights, same version
@@ -209,7 +215,7 @@ def fit_adapter(feature_store, config: AAMTrainingConfig, log=print) -> dict:
            if summary["history"] else {}),
         **_diagnostic_metadata(summary.get("diagnostics")),
         **_keep_metadata(summary.get("keep"), acfg.dim),
-        **_keep_family_metadata(feature_store),
+        **_operating_point_metadata(rule),
     }
 
 
@@ -260,19 +266,14 @@ def _keep_metadata(keep: dict | None, dim: int) -> dict:
     return md
 
 
-def _keep_family_metadata(store) -> dict:
-    """The keep family's curve and operating point on validation (benchmarks/keep_sweep.py), when measured."""
-    try:
-        family = store.files.read_json("reports/keep_family.json")
-    except FileNotFoundError:
-        return {}
-    if family.get("split") != "val":  # an operating point is only ever chosen on validation videos
-        return {}
-    md = {"keep_family_chosen_k": family["chosen_k"] or 0,
-          "keep_family": dg.MetadataValue.json({k: family[k] for k in ("split", "seeds", "budget", "chosen_k")})}
-    try:
-        png = store.files.read_bytes("reports/keep_family.png")
-        md["keep_family_curve"] = dg.MetadataValue.md(png_markdown(png, "keep family"))
-    except FileNotFoundError:
-        pass
+def _operating_point_metadata(rule: dict | None) -> dict:
+    """The publish rule's choice (evaluation/operating_point.py): the candidate picked, why, and every candidate's
+    selection figures as a table and a plot."""
+    if rule is None:
+        return {"operating_point": dg.MetadataValue.text("as given (operating_point 'as_given': the rule did not run)")}
+    md = {"operating_point": dg.MetadataValue.text(rule["chosen"] or "as given"),
+          "operating_point_why": dg.MetadataValue.text(rule["why"])}
+    if rule.get("members"):
+        md["operating_point_candidates"] = dg.MetadataValue.md(markdown(rule))
+        md["operating_point_curve"] = dg.MetadataValue.md(png_markdown(plot_png(rule), "candidates on selection"))
     return md

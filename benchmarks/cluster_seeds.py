@@ -30,7 +30,7 @@ import numpy as np
 
 from splavu_core.aam.config import TrainConfig
 from splavu_core.aam.train import train_aam
-from splavu_core.aam.training_data import load_training_data
+from splavu_core.aam.training_data import load_training_data, without_subjects
 from splavu_core.evaluation.scoring import score_features
 from splavu_core.evaluation.suite import anonymize_videos, load_feature_sets
 from splavu_core.ingest.datasets import task_datasets
@@ -41,23 +41,6 @@ from splavu_core.store.ledger import retention_kept
 PARTS = {"closeups": ("privacy", "leakage_removed"), "clips": ("clip_privacy", "leakage_removed"),
          "linking": ("reid", "linkage_removed"), "ar": ("ar", "retention_top1")}
 PRIVACY_PARTS = ("closeups", "clips", "linking")
-
-
-def without_subject(data, raw: dict, subject: str):
-    """The training data and scored sets with every video of `subject` gone (what an erasure leaves)."""
-    import dataclasses
-
-    def keep(vs):
-        return [v for v in vs if v.meta.get("subject_id") != subject]
-    gone = {v.video_id for v in data.ar_train + data.tad_train + data.ad_train + list(data.ar_val or [])
-            if v.meta.get("subject_id") == subject}
-    rows = [i for i, vid in enumerate(data.static_ids) if vid not in gone]
-    out = dataclasses.replace(data, ar_train=keep(data.ar_train), ar_val=keep(data.ar_val or []),
-                              tad_train=keep(data.tad_train), ad_train=keep(data.ad_train),
-                              static=data.static[rows] if len(data.static) else data.static,
-                              static_ids=[data.static_ids[i] for i in rows],
-                              static_actions=[data.static_actions[i] for i in rows] if data.static_actions else None)
-    return out, {d: keep(vs) for d, vs in raw.items()}
 
 
 def main(argv=None):
@@ -84,7 +67,7 @@ def main(argv=None):
         runs = [("seed", seed) for seed in range(args.seeds)]
     for kind, what in runs:
         t = time.perf_counter()
-        fit_data, scored = without_subject(data, raw, what) if kind == "subject" else (data, raw)
+        fit_data, scored = without_subjects(data, raw, {what}) if kind == "subject" else (data, raw)
         adapter, _, _ = train_aam(fit_data, cfg if kind == "subject" else cfg.replace(seed=what), log=None)
         rows = score_features(store, split="val", seeds=range(args.probe_seeds), which=which,
                               features={d: anonymize_videos(adapter, v) for d, v in scored.items()},

@@ -90,7 +90,7 @@ def recentre_targets(data: TrainingData, tasks, cfg: TrainConfig, publish) -> tu
     pool = recentre_pool(data, tasks)
     clips = np.concatenate([publish(v.feats) for v in pool]).astype(np.float64)       # (N, k)
     c = n_centroids(data, tasks, cfg)
-    labels = KMeans(c, n_init=4, random_state=cfg.seed).fit_predict(clips)
+    labels = KMeans(c, n_init=cfg.recentre_restarts, random_state=cfg.seed).fit_predict(clips)
     if len(set(labels)) != c:
         raise TrainingDataError(f"recentring on clips: k-means found {len(set(labels))} distinct clusters of {c} "
                                 f"asked for in {len(clips)} training clips (duplicate clips?); raise "

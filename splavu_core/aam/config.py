@@ -15,6 +15,7 @@ TASKS = ("ar", "tad", "ad")
 RECENTRE_ON = ("clips", "classes")  # recentring's centroids: label-free k-means of clips, or the trained classes
 PRIVACY_OBJECTIVES = ("critic", "ntxent")
 PAIRS = ("static_static", "static_action", "both")
+OPERATING_POINTS = ("rule", "as_given")
 
 
 @dataclass
@@ -74,6 +75,9 @@ class TrainConfig:
     `from_flat`, `replace` and `flat` route a flat name to its section."""
     tasks: tuple = documented(TASKS, "utility tasks fitted for (any subset; empty: the keep fit takes motion "
                               "directions, a loop trains privacy + LC only)")
+    operating_point: str = documented("rule", "'rule': the publish rule picks the configuration among its candidate "
+                                      "family, each a change of the fields below, on the store's selection split "
+                                      "(docs/method.md, \"The publish rule\"); 'as_given': fit these fields as they are")
     seed: int = documented(0, "seeds torch, the held-out split and the diagnostics")
     adapter: dict = field(default_factory=lambda: dict(DEFAULT_ADAPTER), metadata={"doc": "AAMConfig fields"})
     keep_w_motion: float = documented(1.0, "keep fit (adapter keep = k): weight of within-video motion kept for "
@@ -95,6 +99,8 @@ class TrainConfig:
                                   "lose their video-level signal)")
     recentre_cluster_clips: int = documented(50, "recentring on clips: training clips per centroid (fewer: finer "
                                              "centroids, more kept and less removed)")
+    recentre_restarts: int = documented(4, "recentring on clips: k-means initialisations (seeded by `seed`); the "
+                                        "clustering with the lowest inertia is kept (a label-free criterion)")
     heldout_fraction: float = documented(0.2, "static-bearing training videos the diagnostics hold out (the "
                                          "projection fit and the loop do not see them)")
     diagnose_steps: int = documented(300, "training steps of each fresh diagnostic critic")
@@ -105,6 +111,8 @@ class TrainConfig:
         unknown = set(self.tasks) - set(TASKS)
         if unknown:
             raise ValueError(f"unknown task(s) {sorted(unknown)}; choose from {TASKS}")
+        if self.operating_point not in OPERATING_POINTS:
+            raise ValueError(f"operating_point must be one of {OPERATING_POINTS}, got {self.operating_point!r}")
         if not 0 <= self.heldout_fraction < 0.5:
             raise ValueError(f"heldout_fraction must be in [0, 0.5), got {self.heldout_fraction}")
 

@@ -136,6 +136,25 @@ def load_training_data(store, ar: str | None = "ar", tad: str | None = "tad", ad
                         static_actions=actions if static_ids else None)
 
 
+def without_subjects(data: TrainingData, raw: dict, subjects) -> tuple[TrainingData, dict]:
+    """What erasing `subjects` (subject_id values) leaves, in memory: the training data without their videos (static
+    clips included), and raw (dataset -> videos: the scored sets) without them. For benchmarks of a refit after an
+    erasure (benchmarks/publish_rule.py, cluster_seeds.py); `splavu forget` erases from the store itself."""
+    subjects = {str(s) for s in subjects}
+
+    def keep(vs):
+        return [v for v in vs if str(v.meta.get("subject_id")) not in subjects]
+    gone = {v.video_id for v in data.ar_train + data.tad_train + data.ad_train + list(data.ar_val or [])
+            if str(v.meta.get("subject_id")) in subjects}
+    rows = [i for i, vid in enumerate(data.static_ids) if vid not in gone]
+    out = dataclasses.replace(data, ar_train=keep(data.ar_train), ar_val=keep(data.ar_val or []),
+                              tad_train=keep(data.tad_train), ad_train=keep(data.ad_train),
+                              static=data.static[rows] if len(data.static) else data.static,
+                              static_ids=[data.static_ids[i] for i in rows],
+                              static_actions=[data.static_actions[i] for i in rows] if data.static_actions else None)
+    return out, {d: keep(vs) for d, vs in raw.items()}
+
+
 def load_oracle_labels(store, data: TrainingData) -> TrainingData:
     """DIAGNOSTIC ONLY (the `oracle` variant): the training videos' private attr_* labels from their manifests.
 

@@ -3,9 +3,11 @@ it, and each feature set's change against a reference set (raw) as a PAIRED diff
 resampled test videos) with its interval.
 
 Splits: split="test" trains every probe on the 'train' videos and scores the 'test' videos (the report);
-split="val" trains on 'train' minus the validation videos and scores those (the gates; never the test split).
-A dataset without 'val' videos gets a deterministic validation split carved from its train videos
-(`carve_validation`: whole subjects when subject_id is known, both anomaly labels kept for AD).
+split="val" scores the validation videos (the gates) and split="select" the selection videos (the publish rule's
+choice of an operating point), each with probes trained on 'train'; neither ever reads the test split. A dataset
+without 'val' or 'select' videos gets that holdout carved from its train videos, deterministically
+(`carve_holdouts`: whole subjects when subject_id is known, both anomaly labels kept for AD), and its probes then
+train on the train videos no holdout took.
 
     score_sets({"raw": raw, "mine": other}, which=("ar", "ad"), split="val")  -> EvalResult of rows
     score_features(store, fn, split="val")  -> rows for raw and fn(raw) (the lead's anonymizer candidates)
@@ -32,6 +34,8 @@ from splavu_core.tasks.features import VideoFeatures
 
 UTILITY = {"ar": "top1", "tad": "mAP", "ad": "auc"}       # the seen/utility tasks and their headline metric
 VAL_FRACTION = 0.2
+# the scored splits besides test: the gates read val, the publish rule (evaluation/operating_point.py) select
+HOLDOUTS = ("val", "select")
 
 
 def _now() -> datetime:
@@ -44,35 +48,50 @@ def _bucket(key: str) -> float:
     return int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) / 2 ** 32
 
 
-def carve_validation(train: Sequence[VideoFeatures], fraction: float = VAL_FRACTION, label: str | None = None
-                     ) -> tuple[list[VideoFeatures], list[VideoFeatures]]:
-    """Deterministic (hash-based) validation split of train videos: whole subjects (meta subject_id) when known,
-    else videos; with `label` (e.g. 'anomaly') the fraction is taken within each label value."""
+def carve_holdouts(train: Sequence[VideoFeatures], splits: Sequence[str] = HOLDOUTS, fraction: float = VAL_FRACTION,
+                   label: str | None = None) -> tuple[list[VideoFeatures], dict[str, list[VideoFeatures]]]:
+    """Deterministic (hash-based) holdouts of train videos for the `splits` (of HOLDOUTS) a dataset has none of:
+    whole subjects (meta subject_id) when known, else videos; with `label` (e.g. 'anomaly') the fraction is taken
+    within each label value. Each holdout has a fixed place in the hash order (val the first `fraction` of the units,
+    select the next), so carving one never moves the other. Returns (the rest of train, split -> its videos)."""
     train = list(train)
     strata: dict = {}
     for v in train:
         strata.setdefault(v.meta.get(label) if label else None, []).append(v)
-    keep, val = [], []
+    rest, out = [], {s: [] for s in splits}
     for group in strata.values():
         units = sorted({str(v.meta.get("subject_id") or v.video_id) for v in group}, key=_bucket)
-        n_val = max(1, round(fraction * len(units))) if len(units) > 1 else 0
-        chosen = set(units[:n_val])
+        n = max(1, round(fraction * len(units))) if len(units) > len(HOLDOUTS) else 0
+        place = {u: HOLDOUTS[i // n] for i, u in enumerate(units[:n * len(HOLDOUTS)])} if n else {}
         for v in group:
-            (val if str(v.meta.get("subject_id") or v.video_id) in chosen else keep).append(v)
-    return keep, val
+            h = place.get(str(v.meta.get("subject_id") or v.video_id))
+            (out[h] if h in out else rest).append(v)
+    return rest, out
+
+
+def carve_validation(train: Sequence[VideoFeatures], fraction: float = VAL_FRACTION, label: str | None = None
+                     ) -> tuple[list[VideoFeatures], list[VideoFeatures]]:
+    """The validation holdout alone (carve_holdouts): (the rest of train, val)."""
+    rest, out = carve_holdouts(train, ("val",), fraction, label)
+    return rest, out["val"]
 
 
 def task_split(videos: Sequence[VideoFeatures], split: str, task: str = "") -> tuple[list, list]:
-    """(probe training videos, scored videos) for split 'test' or 'val'."""
+    """(probe training videos, scored videos) for split 'test', 'val' or 'select' of `videos`, EVERY video of one
+    dataset (which holdouts it lacks decides what is carved from train). A holdout (val, select) is the
+    dataset's own videos of that split, else carved from its train videos (carve_holdouts); a probe scoring a holdout
+    trains on the train videos no carved holdout took, so neither holdout's people ever train it."""
     train = [v for v in videos if v.split == "train"]
     if split == "test":
         return train, [v for v in videos if v.split == "test"]
-    if split != "val":
-        raise ValueError(f"split must be 'test' or 'val', got {split!r}")
-    val = [v for v in videos if v.split == "val"]
-    if val:
-        return train, val
-    return carve_validation(train, label="anomaly" if task == "ad" else None)
+    if split not in HOLDOUTS:
+        raise ValueError(f"split must be 'test' or one of {list(HOLDOUTS)}, got {split!r}")
+    own = {h: [v for v in videos if v.split == h] for h in HOLDOUTS}
+    lacking = [h for h in HOLDOUTS if not own[h]]
+    if not lacking:
+        return train, own[split]
+    rest, carved = carve_holdouts(train, lacking, label="anomaly" if task == "ad" else None)
+    return rest, own[split] or carved[split]
 
 
 # ---------------------------------------------------------------- running one task

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 REQUIRED = ("video_id", "path", "split")
 OPTIONAL = ("action", "segments", "anomaly", "anomaly_intervals", "subject_id", "group")
-SPLITS = ("train", "val", "test")
+SPLITS = ("train", "val", "select", "test")  # select: scored only by the publish rule (its operating point)
 MAX_REPORTED = 20
 
 

@@ -1,0 +1,114 @@
+"""Does a store publish, by the publish rule? (prints JSON lines; evaluation/operating_point.py is the rule)
+
+    python benchmarks/publish_rule.py --store store [--seeds 0 1 2 3] [--forget N] [--candidates default k14 ...]
+        [--val all|pick] [--config JSON] [--probe-seeds 5]
+
+Per run (a k-means seed of recentring, TrainConfig.seed: the randomness a fit has left; or, with --forget, one
+training subject erased as `splavu forget --subject` erases it, at seed 0): every candidate of the family is fitted
+from the store's cached latents (the adapter itself), scored on the SELECTION split, and the rule picks one; then the
+pick (--val pick, the product's path) or every candidate (--val all, to see how selection predicts validation) is
+scored on VALIDATION by the gates' scoring, and the gates' own verdict rules say whether the pick would publish:
+every privacy part's lower end at the budget (ledger.budget_verdict's rule), no seen task's retention lost beyond the
+noise (ledger.retention_state), none at chance. Nothing is written to the store. A last line counts the runs that
+publish, with a 95% Clopper-Pearson interval on the rate.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+from splavu_core.aam.config import TrainConfig
+from splavu_core.aam.training_data import load_training_data, without_subjects
+from splavu_core.evaluation.operating_point import (
+    CANDIDATES,
+    PRIVACY_PARTS,
+    family,
+    measure_candidates,
+    pick,
+    split_units,
+)
+from splavu_core.evaluation.suite import load_feature_sets
+from splavu_core.ingest.datasets import task_datasets
+from splavu_core.settings import settings
+from splavu_core.store.feature_store import FeatureStore
+from splavu_core.store.ledger import retention_state
+
+TASKS = ("privacy", "clip_privacy", "reid", "ar", "tad", "ad")
+
+
+def verdict(figures: dict, seen, budget: float, floor: float) -> dict:
+    """The gates' verdict rules on one candidate's validation figures {task: [value, lo, hi]}."""
+    privacy = all(figures.get(t) is not None and figures[t][1] >= budget for t in PRIVACY_PARTS
+                  if t in figures or t == "privacy")
+    lost = [t for t in seen if t in figures and retention_state(*figures[t], floor) == "lost"]
+    return {"privacy_passes": privacy, "utility_refused": lost, "publishes": privacy and not lost}
+
+
+def clopper_pearson(k: int, n: int) -> list[float]:
+    from scipy.stats import beta
+
+    lo = 0.0 if k == 0 else float(beta.ppf(0.025, k, n - k + 1))
+    hi = 1.0 if k == n else float(beta.ppf(0.975, k + 1, n - k))
+    return [round(lo, 3), round(hi, 3)]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--store", required=True)
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2, 3], help="k-means seeds (TrainConfig.seed)")
+    ap.add_argument("--forget", type=int, default=0, help="erase N training subjects one at a time instead (seed 0)")
+    ap.add_argument("--candidates", nargs="*", default=list(CANDIDATES))
+    ap.add_argument("--val", choices=("all", "pick"), default="pick")
+    ap.add_argument("--config", default="{}", help="TrainConfig fields as JSON applied before the candidates'")
+    ap.add_argument("--probe-seeds", type=int, default=5)
+    args = ap.parse_args(argv)
+    store = FeatureStore(args.store)
+    data = load_training_data(store)
+    datasets = task_datasets(store, {})
+    which = [t for t in TASKS if t in datasets]
+    raw = load_feature_sets(store, which, "raw", datasets=datasets)
+    budget, floor = settings().privacy_budget, settings().utility_gate
+    base = TrainConfig.from_flat(json.loads(args.config))
+    seen = [t for t in base.tasks if t in which]
+    if args.forget:
+        subjects = sorted({str(v.meta["subject_id"]) for v in data.ar_train + data.tad_train + data.ad_train
+                           if v.meta.get("subject_id") is not None})
+        runs = [("subject", str(s)) for s in np.random.default_rng(0).choice(subjects, args.forget, replace=False)]
+    else:
+        runs = [("seed", s) for s in args.seeds]
+    seeds = range(args.probe_seeds)
+    found = []
+    for kind, what in runs:
+        t = time.perf_counter()
+        if kind == "subject":
+            fit_data, fit_raw, cfg = *without_subjects(data, raw, {what}), base
+        else:
+            fit_data, fit_raw, cfg = data, raw, base.replace(seed=what)
+        cands = family(cfg, args.candidates)
+        sel = measure_candidates(cands, fit_data, fit_raw, datasets, which, seeds, store=store)
+        choice = pick(sel["members"], seen, budget, floor, split_units(fit_raw, datasets, which, "val"))
+        on_val = cands if args.val == "all" else [c for c in cands if c.name == choice["chosen"]]
+        val = measure_candidates(on_val, fit_data, fit_raw, datasets, which, seeds, store=store, split="val")
+        val_fig = {m["name"]: m["figures"] for m in val["members"]}
+        line = {kind: what, "seconds": round(time.perf_counter() - t, 1), "chosen": choice["chosen"],
+                "why": choice["why"],
+                "candidates": {m["name"]: {"select": m["figures"], "z": m["assessment"]["z_min"],
+                                           "val": val_fig.get(m["name"])} for m in sel["members"]},
+                **verdict(val_fig[choice["chosen"]], seen, budget, floor)}
+        if args.val == "all":
+            line["would_publish"] = {n: verdict(f, seen, budget, floor)["publishes"] for n, f in val_fig.items()}
+        found.append(line)
+        print(json.dumps(line), flush=True)
+    k = sum(f["publishes"] for f in found)
+    print(json.dumps({"summary": "publish rule", "runs": len(found), "publishing": k,
+                      "rate": round(k / len(found), 3) if found else None,
+                      "rate_ci95": clopper_pearson(k, len(found)) if found else None,
+                      "chosen": {c: sum(f["chosen"] == c for f in found) for c in args.candidates},
+                      "budget": budget, "floor": floor}))
+
+
+if __name__ == "__main__":
+    main()
