@@ -215,7 +215,7 @@ def fit_adapter(feature_store, config: AAMTrainingConfig, log=print) -> dict:
            if summary["history"] else {}),
         **_diagnostic_metadata(summary.get("diagnostics")),
         **_keep_metadata(summary.get("keep"), acfg.dim),
-        **_operating_point_metadata(rule),
+        **operating_point_metadata(rule),
     }
 
 
@@ -266,7 +266,7 @@ def _keep_metadata(keep: dict | None, dim: int) -> dict:
     return md
 
 
-def _operating_point_metadata(rule: dict | None) -> dict:
+def operating_point_metadata(rule: dict | None) -> dict:
     """The publish rule's choice (evaluation/operating_point.py): the candidate picked, why, and every candidate's
     selection figures as a table and a plot."""
     if rule is None:

@@ -30,6 +30,7 @@ from pydantic import Field
 from assets.partitions import shards
 from assets.resources import StoreResource
 from splavu_core.evaluation.gates import passes_gates
+from splavu_core.forget import retire_served_until_refit
 from splavu_core.ingest.datasets import registered
 from splavu_core.publish.anonymized_tables import (
     anonymize_shard,
@@ -155,7 +156,10 @@ def maybe_promote(store: FeatureStore, version: str) -> tuple[bool, str]:
         set_current(store, version, promotion="gate")
         clear_refusal(store, version)
         log_auto_promotion(store, version, cur, why)
-        return True, f"all {len(todo)} registered shards published: now current (was {cur})"
+    # a version fitted without the videos of an erasure serves now: those kept by policy serve_until_refit go
+    retired = retire_served_until_refit(store, version)
+    tail = f"; retired {', '.join(retired)} (kept by policy serve_until_refit until now)" if retired else ""
+    return True, f"all {len(todo)} registered shards published: now current (was {cur}){tail}"
 
 
 # ---------------------------------------------------------------- the asset

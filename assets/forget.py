@@ -18,7 +18,7 @@ from assets.partitions import shards
 from assets.resources import StoreResource
 from splavu_core import forget as fg
 from splavu_core.store.feature_store import StoreError
-from splavu_core.store.ledger import read_verdicts
+from splavu_core.store.ledger import current_version, read_verdicts
 
 
 class ForgetConfig(dg.Config):
@@ -31,8 +31,10 @@ class ForgetConfig(dg.Config):
                                                         "subject_ids (kept in this run's config, as videos)")
     reason: str = Field(default="", description="why (required with videos / subjects; kept in the erasure log: do "
                                                 "not name the person)")
-    keep_fitted_versions: bool = Field(default=False, description="keep the AAM versions fitted on these videos "
-                                                                  "(their rows removed) instead of retiring them")
+    policy: str = Field(default="", description="what serves until the refit passes both gates: 'retire' (the "
+                        "versions fitted on these videos, now) or 'serve_until_refit' (the current version, their rows "
+                        "removed, retired once a version fitted without them is current); empty: "
+                        "$SPLAVU_ERASURE_POLICY (default retire)")
 
 
 FORGET_REQUEST = dg.AssetSpec(
@@ -81,7 +83,7 @@ def _request_id(context, config: ForgetConfig, feature_store) -> str | None:
             raise fg.ForgetError("configure either request_id (a request `splavu forget` opened) or videos / subjects")
         return config.request_id
     rid, found = fg.request_for(feature_store, config.videos, config.subjects, config.reason,
-                                keep_fitted=config.keep_fitted_versions)
+                                policy=config.policy or None)
     for v in found["already"]:
         context.log.info(f"video {v!r} was erased already (it has a tombstone)")
     if found["files"]:
@@ -90,7 +92,14 @@ def _request_id(context, config: ForgetConfig, feature_store) -> str | None:
 
 
 # the op is not named "forget": the `forget` job's graph has that name, and op / graph names share one namespace
-@dg.multi_asset(specs=[FORGET_REQUEST, FORGET_REFIT], name="forget_videos")
+A_VERSION_SERVES = dg.AssetCheckSpec(
+    "a_version_serves", asset="forget_refit",
+    description="Fails (ERROR) when the erasure left no version current: analysts read empty tables until a version "
+                "passes both gates. Warns when the refit was refused and the version fitted on the erased videos "
+                "serves, its erased rows removed (policy serve_until_refit).")
+
+
+@dg.multi_asset(specs=[FORGET_REQUEST, FORGET_REFIT], check_specs=[A_VERSION_SERVES], name="forget_videos")
 def forget_videos(context: dg.AssetExecutionContext, config: ForgetConfig, store: StoreResource):
     feature_store = store.store()
     try:
@@ -99,6 +108,7 @@ def forget_videos(context: dg.AssetExecutionContext, config: ForgetConfig, store
             yield dg.MaterializeResult(asset_key="forget_request", metadata={"request_id": "", "videos": 0,
                                                                               "check": "nothing to erase"})
             yield dg.MaterializeResult(asset_key="forget_refit", metadata={"refit": "not needed"})
+            yield serving_check(feature_store, {"needed": False})
             return
         events = []
         train, publish = _refit_steps(context, feature_store, events)
@@ -109,9 +119,49 @@ def forget_videos(context: dg.AssetExecutionContext, config: ForgetConfig, store
                 yield dg.MaterializeResult(asset_key="forget_request", metadata=erased_metadata(out))
             else:
                 yield from events
+                if out["needed"]:  # the gates the refit's publish ran, as anonymized_features' checks show them
+                    for event in gate_evaluations(feature_store, out["version"]):
+                        context.log_event(event)
                 yield dg.MaterializeResult(asset_key="forget_refit", metadata=refit_metadata(feature_store, out, rid))
+                yield serving_check(feature_store, out)
     except StoreError as e:  # one line for the CLI and the UI (fg.RefitError: the erasure itself stands)
         raise dg.Failure(description=str(e)) from e
+
+
+def gate_evaluations(feature_store, version: str) -> list[dg.AssetCheckEvaluation]:
+    """The refit's recorded gate verdicts as anonymized_features' privacy_budget / utility_budget evaluations, so the
+    UI shows them where it shows every other publish's, not as "not evaluated"."""
+    out = []
+    for gate, check in (("privacy", "privacy_budget"), ("utility", "utility_budget")):
+        v = read_verdicts(feature_store, version).get(gate)
+        if v:
+            out.append(dg.AssetCheckEvaluation(asset_key=dg.AssetKey("anonymized_features"), check_name=check,
+                                               passed=bool(v["passed"]), severity=dg.AssetCheckSeverity.ERROR,
+                                               description=v["why"], metadata={"aam_version": version,
+                                                                               "split": "val"}))
+    return out
+
+
+def serving_check(feature_store, outcome: dict) -> dg.AssetCheckResult:
+    """a_version_serves: what analysts are served now that the request is done."""
+    current = current_version(feature_store)
+    md = {"current_version": current or ""}
+    if current is None:
+        return dg.AssetCheckResult(check_name="a_version_serves", passed=False, metadata=md,
+                                   severity=dg.AssetCheckSeverity.ERROR,
+                                   description="no version is current: analysts read empty tables (each says why) "
+                                               "until a version passes both gates; `splavu train` and `splavu publish` "
+                                               "try again (docs/forget.md)")
+    if outcome.get("needed") and not outcome.get("current"):
+        return dg.AssetCheckResult(check_name="a_version_serves", passed=False, metadata=md,
+                                   severity=dg.AssetCheckSeverity.WARN,
+                                   description=f"the refit {outcome.get('version')} was refused ({outcome.get('why')}); "
+                                               f"{current} serves, fitted on the erased videos with their rows removed "
+                                               f"(policy serve_until_refit), until a version fitted without them "
+                                               f"passes both gates")
+    return dg.AssetCheckResult(check_name="a_version_serves", passed=True, metadata=md,
+                               description=f"{current} is current" + (" (the refit: fitted without the erased videos)"
+                                                                      if outcome.get("needed") else ""))
 
 
 def erased_metadata(summary: dict) -> dict:
@@ -119,7 +169,7 @@ def erased_metadata(summary: dict) -> dict:
             "fitted": fg.fitted_summary(summary),
             "layers": dg.MetadataValue.json(fg.layer_totals(summary["receipt"])),
             "summary": dg.MetadataValue.json({k: summary[k] for k in ("refit_config", "current_before",
-                                                                       "fitted_versions", "keep_fitted")})}
+                                                                       "fitted_versions", "policy")})}
 
 
 def refit_metadata(feature_store, outcome: dict, request_id: str) -> dict:

@@ -25,9 +25,11 @@ from splavu_core.aam.training_data import load_training_data, without_subjects
 from splavu_core.evaluation.operating_point import (
     CANDIDATES,
     PRIVACY_PARTS,
+    Measured,
     family,
     measure_candidates,
     pick,
+    pick_lazily,
     split_units,
 )
 from splavu_core.evaluation.suite import load_feature_sets
@@ -60,15 +62,19 @@ def main(argv=None):
     ap.add_argument("--store", required=True)
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2, 3], help="k-means seeds (TrainConfig.seed)")
     ap.add_argument("--forget", type=int, default=0, help="erase N training subjects one at a time instead (seed 0)")
-    ap.add_argument("--candidates", nargs="*", default=list(CANDIDATES))
+    ap.add_argument("--candidates", nargs="*", help="names of the family (default: all, with --extra's)")
     ap.add_argument("--val", choices=("all", "pick"), default="pick")
     ap.add_argument("--config", default="{}", help="TrainConfig fields as JSON applied before the candidates'")
     ap.add_argument("--probe-seeds", type=int, default=5)
+    ap.add_argument("--parts", help="exploration: score only these parts, e.g. privacy,ar (the rule then sees only "
+                                    "them)")
+    ap.add_argument("--extra", default="{}", help="exploration: more candidates, JSON {name: {field: value}}")
     args = ap.parse_args(argv)
     store = FeatureStore(args.store)
     data = load_training_data(store)
     datasets = task_datasets(store, {})
-    which = [t for t in TASKS if t in datasets]
+    which = [t for t in TASKS if t in datasets and (not args.parts or t in args.parts.split(","))]
+    CANDIDATES.update(json.loads(args.extra))
     raw = load_feature_sets(store, which, "raw", datasets=datasets)
     budget, floor = settings().privacy_budget, settings().utility_gate
     base = TrainConfig.from_flat(json.loads(args.config))
@@ -87,9 +93,15 @@ def main(argv=None):
             fit_data, fit_raw, cfg = *without_subjects(data, raw, {what}), base
         else:
             fit_data, fit_raw, cfg = data, raw, base.replace(seed=what)
-        cands = family(cfg, args.candidates)
-        sel = measure_candidates(cands, fit_data, fit_raw, datasets, which, seeds, store=store)
-        choice = pick(sel["members"], seen, budget, floor, split_units(fit_raw, datasets, which, "val"))
+        cands = family(cfg, args.candidates or list(CANDIDATES))
+        val_units = split_units(fit_raw, datasets, which, "val")
+        if args.val == "all":  # every part of every candidate on selection too, to see what the rule did not need
+            sel = measure_candidates(cands, fit_data, fit_raw, datasets, which, seeds, store=store)
+            choice = pick(sel["members"], seen, budget, floor, val_units)
+        else:  # the product's path (operating_point.choose)
+            measured = Measured(cands, fit_data, fit_raw, datasets, which, seeds, store=store)
+            choice = pick_lazily(measured, seen, budget, floor, val_units)
+            sel = measured.record()
         on_val = cands if args.val == "all" else [c for c in cands if c.name == choice["chosen"]]
         val = measure_candidates(on_val, fit_data, fit_raw, datasets, which, seeds, store=store, split="val")
         val_fig = {m["name"]: m["figures"] for m in val["members"]}
@@ -106,7 +118,7 @@ def main(argv=None):
     print(json.dumps({"summary": "publish rule", "runs": len(found), "publishing": k,
                       "rate": round(k / len(found), 3) if found else None,
                       "rate_ci95": clopper_pearson(k, len(found)) if found else None,
-                      "chosen": {c: sum(f["chosen"] == c for f in found) for c in args.candidates},
+                      "chosen": {c: sum(f["chosen"] == c for f in found) for c in args.candidates or CANDIDATES},
                       "budget": budget, "floor": floor}))
 
 

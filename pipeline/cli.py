@@ -7,7 +7,7 @@
     splavu publish [--version V]                            anonymized tables + DuckDB catalog
     splavu evaluate [--version V] [--seed N]                privacy-utility report (raw vs anonymized), with intervals
     splavu promote VERSION [--force --reason TEXT]          make a version current (gated) / splavu rollback
-    splavu curve [--ks 8 11 14 ...]                         the keep family's curve on validation: which width k to train
+    splavu curve [--config JSON]                            the publish rule's candidates on the selection split
     splavu ablations                                        the paper's ablations on the same latents
     splavu baselines [--masks rendered|hog]                 pixel-space baselines, scored beside splavu
     splavu sql "SELECT ..."  /  splavu neighbors VIDEO_ID   analysts: query the catalog read-only
@@ -122,10 +122,14 @@ def cmd_extract(args) -> int:
     return 0
 
 
-def _train_aam(store, config: dict) -> str:
+def _train_aam(store, config: dict, table: bool = False) -> str:
     r = _runner()
     res = r.train_aam(r.instance(), store, config)
     md = {k: v.value for k, v in res.asset_materializations_for_node("aam_model")[0].metadata.items()}
+    if table and "operating_point_candidates" in md:
+        print("  the publish rule's candidates on the selection split:")
+        print("\n".join(f"  {line}" for line in md["operating_point_candidates"].splitlines()))
+    print(f"  operating point: {md['operating_point_why'] if 'operating_point_why' in md else md['operating_point']}")
     print(f"  {train_line(md)}")
     if "pair_matching_chance" in md:
         print(f"  {pair_matching_line(md)}")
@@ -153,17 +157,23 @@ def pair_matching_line(md: dict) -> str:
     return f"what a fresh critic still matches, top-1 {among} (chance 1/{group} = {chance:.3f}): {pairs}"
 
 
-def cmd_train(args) -> int:
+def _train_config(args) -> dict:
+    """--config (and --tasks) as aam_model's run config, checked before any run starts."""
     try:
         cfg = json.loads(args.config) if args.config else {}
     except json.JSONDecodeError as e:
         raise StoreError(f"--config is not JSON ({e}): e.g. '{{\"keep\": 11}}'") from e
-    if args.tasks is not None:
+    if getattr(args, "tasks", None) is not None:
         cfg["tasks"] = list(parse_roles(args.tasks))
     try:
         _runner().check_training_config(cfg)
     except ValueError as e:
         raise StoreError(f"--config: {e}") from None
+    return cfg
+
+
+def cmd_train(args) -> int:
+    cfg = _train_config(args)
     store = _runner().StoreResource(root=_store_root(args))
     print(_training_preflight(store.store(), cfg), flush=True)
     _train_aam(store, cfg)
@@ -240,6 +250,11 @@ def cmd_promote(args) -> int:
     prev = promote(store, args.version, force=args.force, reason=args.reason or "")
     how = "passed both gates" if ok else f"FORCED past the gates ({why}); reason: {args.reason}"
     print(f"AAM version {args.version} is now current (was {prev or 'none'}): {how}")
+    from splavu_core.forget import retire_served_until_refit  # here: the analysts' commands never need it
+
+    for v in retire_served_until_refit(store, args.version):
+        print(f"AAM version {v} retired: it was fitted on erased videos and served (policy serve_until_refit) until "
+              f"a version fitted without them became current")
     _rebuild_catalog(store)
     return 0
 
@@ -325,24 +340,20 @@ def skip_lines(skipped: dict[str, str]) -> list[str]:
                   if task not in no_data]
 
 
-def _keep_curve(root: str, config: dict):
-    """The keep_curve job on `root`; (keep_family_curve's metadata values, the run's result)."""
-    r = _runner()
-    res = r.run_job(r.instance(), "keep_curve", r.StoreResource(root=root),
-                    run_config={"ops": {"keep_family_curve": {"config": config}}})
-    return r.metadata(res, "keep_family_curve"), res
-
-
 def cmd_curve(args) -> int:
-    """The keep_curve job: the keep family fitted and scored on the store's validation videos, and its check."""
-    md, res = _keep_curve(_store_root(args), {"ks": args.ks} if args.ks else {})
-    print(md["table"])
-    for line in evaluation_notes(res):  # a failed check, as evaluate prints it
-        print(line)
+    """The choose_operating_point job: the publish rule's candidates fitted and scored on the store's selection split, the
+    one it picks and why, and its check (is the current version that pick)."""
+    r = _runner()
+    config = _train_config(args)
+    res = r.run_job(r.instance(), "choose_operating_point", r.StoreResource(root=_store_root(args)),
+                    run_config={"ops": {"operating_point": {"config": config}}})
+    md = r.metadata(res, "operating_point")
+    if "operating_point_candidates" in md:
+        print(md["operating_point_candidates"])
+    print(f"operating point: {md.get('operating_point_why', md['operating_point'])}")
     for check in res.get_asset_check_evaluations():
-        if check.passed:
-            print(f"check {check.check_name} passed: {check.description}")
-    print(f"curve: {md['path']} (+ .png); {md['seconds']:.0f} s")
+        print(f"check {check.check_name} {'passed' if check.passed else 'warns'}: {check.description}")
+    print(f"record: {md['path']} (+ .png); {md['seconds']:.0f} s")
     return 0
 
 
@@ -378,7 +389,7 @@ def cmd_demo(args) -> int:
     clock = demo.StageClock()
     if args.regenerate:
         demo.remove_datasets(data, names)
-    print(f"1/7 synthesising the benchmark: {', '.join(names)} (only videos not already there)")
+    print(f"1/6 synthesising the benchmark: {', '.join(names)} (only videos not already there)")
     for group, why in left_out.items():
         print(f"  not in this demo: {group} ({why})")
     # videos only: the person masks are for `splavu baselines --masks rendered` (splavu synth adds them then)
@@ -388,7 +399,7 @@ def cmd_demo(args) -> int:
     store = r.StoreResource(root=_store_root(args))
     keys = demo.ingest_datasets(r, store, data, names, args.shard_size)
     encoder = DEMO_ENCODERS[args.encoder]
-    print(f"\n2/7 extracting raw latents of {len(keys)} shards into {store.root} (shipped VideoMAE '{args.encoder}': "
+    print(f"\n2/6 extracting raw latents of {len(keys)} shards into {store.root} (shipped VideoMAE '{args.encoder}': "
           f"{encoder.name})")
     rows = _extract(store, r.EncoderResource(checkpoint=str(encoder), quantize=args.quantize or ""),
                     keys)  # static clips where roles say training reads them
@@ -396,42 +407,28 @@ def cmd_demo(args) -> int:
           f"{sum(x['quarantined'] for x in rows)} quarantined "
           f"[{clock.elapsed():.0f} s]")
     clock.lap("extract")
-    print("\n3/7 training the anonymizing adapter from cached latents")
+    print("\n3/6 the publish rule picks an operating point on the selection split, then the anonymizing adapter is "
+          "fitted from cached latents")
     print(f"  {_training_preflight(store.store(), {})}")
-    _train_aam(store, {})  # the defaults: splavu_core.aam.model.DEFAULT_ADAPTER (docs/method.md: how they were chosen)
+    _train_aam(store, {}, table=True)  # the defaults: the rule over its candidate family (docs/method.md)
     clock.lap("fit")
-    print(f"\n4/7 publishing anonymized feature tables and the DuckDB catalog [{clock.elapsed():.0f} s]")
+    print(f"\n4/6 publishing anonymized feature tables and the DuckDB catalog [{clock.elapsed():.0f} s]")
     out = cmd_publish(argparse.Namespace(store=store.root, version=None), quiet_return=True)
     clock.lap("publish")
     clock.split_gates(out)
-    print(f"\n5/7 evaluating raw vs anonymized features [{clock.elapsed():.0f} s]")
+    print(f"\n5/6 evaluating raw vs anonymized features [{clock.elapsed():.0f} s]")
     cmd_evaluate(argparse.Namespace(store=store.root, version=demo.demo_version(store.store()), seed=0))
     clock.lap("evaluate")
-    print(f"\n6/7 the keep family's curve on validation, k = {', '.join(map(str, demo.DEMO_CURVE['ks']))} "
-          f"[{clock.elapsed():.0f} s]")
-    print(f"  {curve_verdict(*_keep_curve(store.root, demo.DEMO_CURVE))}")
-    clock.lap("curve")
     feature_store = store.store()
     record = demo.record(feature_store, clock.stages, left_out, datasets=names, scale=args.scale, seed=args.seed,
                          measurements=clock.measurements)
-    print("7/7 an analyst's query (read-only DuckDB catalog):")
+    print("6/6 an analyst's query (read-only DuckDB catalog):")
     print(f"  splavu sql \"{demo.ANALYST_SQL}\"")
     print(format_table(query(feature_store, demo.ANALYST_SQL)))
     print("\nstages (wall s): " + ", ".join(f"{k} {'—' if v is None else f'{v:.0f}'}"
                                            for k, v in record["stages"].items()))
     print(f"done in {clock.elapsed():.0f} s; `splavu sql`, `splavu neighbors`, `dagster dev` to explore")
     return 0
-
-
-def curve_verdict(md: dict, res) -> str:
-    """One line: the width the curve picks, what the current version publishes, its check's verdict, where it is."""
-    picks = f"the gates' rules pick k = {md['chosen_k']}" if md["chosen_k"] else "no width passes the gates' rules"
-    evals = res.get_asset_check_evaluations()
-    checks = [f"{c.check_name} {'passed' if c.passed else 'warns'}" for c in evals]
-    current = f"the current version publishes k = {md['current_k']}" if md["current_k"] else "no version is current"
-    why = [] if md["chosen_k"] else [c.description for c in evals if not c.passed and c.description]
-    return "\n  ".join([f"{picks}; {current} ({', '.join(checks)}); {md['path']} (+ .png), in the UI under "
-                        f"keep_family_curve"] + [line for d in why for line in d.splitlines()])
 
 
 def _catalog_store(args):
@@ -501,8 +498,8 @@ def cmd_forget(args) -> int:
         print(f"  {f}")
     scope = ", ".join(x for x in ("video" if args.video else "", "subject" if subjects else "",
                                   "file" if args.file else "") if x)
-    journal = fg.open_request(store, targets, args.reason, subjects=subjects, keep_fitted=args.keep_fitted_versions,
-                              scope=scope)
+    journal = fg.open_request(store, targets, args.reason, subjects=subjects, policy=args.policy, scope=scope)
+    print(f"policy {journal['policy']}: {fg.POLICIES[journal['policy']]}")
     _forget(store, journal["request_id"])
     return 0
 
@@ -534,7 +531,7 @@ def _forget(store, request_id: str, note: str = "") -> str:
         for line in gate_lines(store, version):
             print(f"  {line}")
         if not refit["current"]:
-            print(f"  {fg.not_current_line(version, refit['why'], summary.get('keep_fitted', False))}")
+            print(f"  {fg.not_current_line(version, refit['why'], summary.get('policy', 'retire'))}")
         print(f"  check after the refit: {refit['check']}")
     if "error" in out:
         expected, message = out["error"]
@@ -620,8 +617,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reason", help="why (kept in the ledger log)")
     p.set_defaults(fn=cmd_rollback)
 
-    p = add("curve", help="fit and score the keep family on validation videos; say which width k the gates allow")
-    p.add_argument("--ks", type=int, nargs="+", help="widths to score (default 8 11 14 17 20 24)")
+    p = add("curve", help="score the publish rule's candidates on the selection split; say which it picks and why "
+                          "(nothing is fitted or published)")
+    p.add_argument("--config", help="JSON of AAMTrainingConfig fields the candidates start from (as `train --config`)")
     p.set_defaults(fn=cmd_curve)
 
     p = add("ablations", help="train and score the ablation variants; write reports/ablations.*")
@@ -681,9 +679,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--subject", nargs="+", metavar="ID", help="erase every video whose manifest row has this subject_id")
     p.add_argument("--file", metavar="F", help="a file of video ids, one a line")
     p.add_argument("--reason", help="why (required; kept in the erasure log: do not name the person)")
-    p.add_argument("--keep-fitted-versions", action="store_true",
-                   help="keep the AAM versions fitted on these videos (their rows removed) instead of retiring them; "
-                        "recorded in the ledger and the erasure log")
+    p.add_argument("--policy", choices=("retire", "serve_until_refit"),
+                   help="what serves until the refit passes both gates: 'retire' the versions fitted on these videos "
+                        "now, or 'serve_until_refit' (the current version, their rows removed, retired once a version "
+                        "fitted without them is current); default $SPLAVU_ERASURE_POLICY (retire)")
     p.set_defaults(fn=cmd_forget)
 
     p = add("fail-run", help="mark a run whose process is gone failed and free its pool slots "

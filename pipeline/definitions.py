@@ -20,7 +20,7 @@ defs = dg.Definitions(
                                                           baselines, operating_point, forget]), *ablations.ASSETS]),
     asset_checks=[*evaluation.CHECKS, *operating_point.CHECKS],  # load_assets_from_modules does not pick up checks
     jobs=[extract_job, train_aam_job, reanonymize_job, refresh_catalog_job, evaluate_job, ablations.ablations_job,
-          pixel_baselines_job, operating_point.keep_curve_job, forget_job],
+          pixel_baselines_job, operating_point.operating_point_job, forget_job],
     sensors=[inbox_sensor, reanonymize_automation],
     schedules=[reanonymize_schedule],
     resources={"store": StoreResource(), "encoder": EncoderResource()},

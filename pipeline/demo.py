@@ -20,9 +20,6 @@ from splavu_core.store.ledger import current_version, newest_version
 DEMO_DATASETS = ("ar", "privacy", "tad", "ad", "gait")
 DEMO_EXTRAS = {"bias": ("bias_f", "bias_m")}
 DEMO_EXTRA_WHY = {"bias": "Bias-F/M shortcut-gap rows (2,100 more short videos to render and encode)"}
-# The demo's keep curve: the default width and one either side, the default's kind (recentring), raw and the default's
-# scores taken from the gates' measurement in the same process (`splavu curve` scores the whole family)
-DEMO_CURVE = {"ks": [8, 11, 14], "mark_current": False, "reuse_gates": True}
 # The analyst's query the demo ends with
 ANALYST_SQL = ("SELECT task, metric, feature_set, round(value, 3) AS value FROM metrics "
                "WHERE metric IN ('top1', 'mAP', 'auc', 'cmap', 'leakage_removed') AND task IN ('ar', 'tad', 'ad', 'privacy') "

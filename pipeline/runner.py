@@ -1,7 +1,7 @@
 """Run the code location's named jobs against the local Dagster instance ($DAGSTER_HOME), as the CLI does.
 
 Every command runs a job of pipeline.definitions by name (`extract_latents`, `train_aam`, `reanonymize`,
-`refresh_catalog`, `evaluate`, `ablations`, `pixel_baselines`, `forget`, `keep_curve`) with its asset selection. The run
+`refresh_catalog`, `evaluate`, `ablations`, `pixel_baselines`, `forget`, `choose_operating_point`) with its asset selection. The run
 is created as the UI creates one, from the code location that workspace.yaml loads: it carries that location's
 origin (`remote_job_origin`) and repository tag, so the UI's Overview timeline, the job's Runs tab and its
 re-execution find it. It then executes in this process (the in-process executor, chosen in its run config): the

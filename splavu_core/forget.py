@@ -3,9 +3,11 @@
 A request is opened (`open_request`: validated ids, a journal, tombstones first so that nothing brings the videos
 back meanwhile) and then run to completion (`run_request`, the `forget` job's `forget_request` asset), layer by layer:
 
-    versions    AAM versions fitted on the videos (they were training / validation videos of a training dataset):
-                retired in the ledger, their tables, adapter, gate cache and neighbour index deleted; or kept on
-                record (keep_fitted) with their rows removed like every other version's
+    versions    AAM versions fitted on the videos (they were training / validation videos of a training dataset),
+                by the request's policy (POLICIES; $SPLAVU_ERASURE_POLICY by default): 'retire' retires them in the
+                ledger and deletes their tables, adapter, gate cache and neighbour index; 'serve_until_refit' keeps
+                them serving with the videos' rows removed like every other version's, until a version fitted
+                without them becomes current (`retire_served_until_refit`, called at that promotion)
     shards      per shard holding them, under the shard's write locks (store.rewriting: extraction and publish of
                 the shard wait): raw clip + static latents and the clip / static / quarantine index rewritten
                 through the normal atomic commit, then each version's anonymized table, then manifest and labels
@@ -18,9 +20,9 @@ Every step is recorded in the journal (erasure/journal/<request>.json) before th
 idempotent, so a request killed at any point is completed by running it again. The receipt goes to the append-only
 erasure log (erasure.py). The journal names the videos (the rerun needs them); it is deleted once the check passes.
 
-Then, when the current version was fitted on the videos, `refit`: the same fit again on what is left, published to
-every shard through both gates (promoted only if it passes), every file read back again, the outcome appended to the
-receipt. `forget` runs both halves in order; the `forget` Dagster job (assets/forget.py) is a thin layer over it, and
+Then, when the current version was fitted on the videos, `refit`: the configuration it was asked for fitted again on
+what is left (the publish rule picks its operating point again), published to every shard through both gates
+(promoted only if it passes), every file read back again, the outcome appended to the receipt. `forget` runs both halves in order; the `forget` Dagster job (assets/forget.py) is a thin layer over it, and
 `splavu forget` launches that job. The steps that fit and publish are passed in (the job passes the aam_model and
 anonymized_features assets' own code), so this module stays below Dagster.
 
@@ -66,6 +68,17 @@ VECTOR_TOL = 1e-6
 SHARD_LAYERS = ("latents", "anonymized", "manifests", "labels")  # rewritten per shard, not by the cache sweep
 KEPT_OUT_OF_SWEEP = ("aam", "datasets", "erasure", "_locks", "neighbors")
 TEXT_SUFFIXES = (".json", ".md", ".csv", ".txt", ".html", ".log")
+
+
+# What each policy means for the person erased (the receipt and the docs say it in these words)
+POLICIES = {
+    "retire": "every AAM version fitted on the erased videos is retired now: no table that was computed with them "
+              "serves again; analysts read no current table until a version fitted without them passes both gates",
+    "serve_until_refit": "the current version keeps serving with the erased rows removed from every table; its "
+                         "parameters were fitted with the erased clips among thousands of others (each recentring "
+                         "centroid averages clips of at least recentre_min_people people), and it is retired as soon "
+                         "as a version fitted without them becomes current",
+}
 
 
 class ForgetError(StoreError):
@@ -160,9 +173,18 @@ def _checkpoint(store: FeatureStore, journal: dict, label: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def open_request(store: FeatureStore, targets: dict[str, dict], reason: str, subjects=(), keep_fitted: bool = False,
+def policy_of(policy: str | None) -> str:
+    """The erasure policy of a request: `policy`, else $SPLAVU_ERASURE_POLICY."""
+    policy = policy or settings().erasure_policy
+    if policy not in POLICIES:
+        raise ForgetError(f"unknown erasure policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    return policy
+
+
+def open_request(store: FeatureStore, targets: dict[str, dict], reason: str, subjects=(), policy: str | None = None,
                  scope: str = "") -> dict:
     """Journal the request and tombstone its videos (so that no extraction brings them back while it runs)."""
+    policy = policy_of(policy)
     if not reason.strip():
         raise ForgetError("--reason TEXT is required (kept in the erasure log; do not name the person)")
     named = [x for x in (*targets, *subjects) if x and x in reason]
@@ -178,7 +200,7 @@ def open_request(store: FeatureStore, targets: dict[str, dict], reason: str, sub
     cur = current_version(store)
     journal = {"request_id": rid, "reason": reason.strip(), "scope": scope, "created_at": at.isoformat(),
                "videos": {v: t["shards"] for v, t in targets.items()}, "subjects": list(subjects),
-               "fitted_versions": fitted, "keep_fitted": bool(keep_fitted), "current_before": cur,
+               "fitted_versions": fitted, "policy": policy, "current_before": cur,
                "refit_config": _refit_config(store, cur) if cur in fitted else None,
                "done": {"shards": {}}, "receipt": []}
     _save(store, journal)
@@ -187,12 +209,13 @@ def open_request(store: FeatureStore, targets: dict[str, dict], reason: str, sub
 
 
 def _refit_config(store: FeatureStore, version: str) -> dict:
-    """The training config of `version` as aam_model's run config (the same fit, on what is left)."""
+    """The training config `version` was asked for, as aam_model's run config: the same request on what is left (a
+    version the publish rule picked: the request the rule picked it for, so the rule picks again)."""
     try:
         extra = store.files.read_json(f"aam/{version}/adapter.json").get("extra", {})
     except FileNotFoundError:
         return {}
-    tc = dict(extra.get("train_config") or {})
+    tc = dict((extra.get("operating_point") or {}).get("request") or extra.get("train_config") or {})
     adapter = tc.pop("adapter", {}) or {}
     tc.pop("oracle", None)
     return {**tc, **adapter}
@@ -200,7 +223,7 @@ def _refit_config(store: FeatureStore, version: str) -> dict:
 
 # ---------------------------------------------------------------- running it
 
-def request_for(store: FeatureStore, videos=(), subjects=(), reason: str = "", keep_fitted: bool = False,
+def request_for(store: FeatureStore, videos=(), subjects=(), reason: str = "", policy: str | None = None,
                 scope: str = "") -> tuple[str | None, dict]:
     """The request that erasing `videos` / `subjects` (by id, as the `forget` job's config names them) completes: a
     request in progress that names all of them (the same erasure launched again after a killed run), else a new one
@@ -215,7 +238,7 @@ def request_for(store: FeatureStore, videos=(), subjects=(), reason: str = "", k
     targets, already = resolve(store, list(videos), list(subjects))
     if not targets:
         return None, {"already": already, "files": []}
-    journal = open_request(store, targets, reason, subjects=list(subjects), keep_fitted=keep_fitted,
+    journal = open_request(store, targets, reason, subjects=list(subjects), policy=policy,
                            scope=scope or ", ".join(x for x in ("video" if videos else "", "subject" if subjects else "")
                                                     if x))
     return journal["request_id"], {"already": already,
@@ -257,7 +280,7 @@ def run_request(store: FeatureStore, request_id: str, log=print, former: list[np
     check = verify(store, needles, former, skip=(_journal_key(request_id),))
     summary = {"request_id": request_id, "videos": len(ids), "receipt": receipt, "check": check,
                "refit_config": journal["refit_config"], "current_before": journal["current_before"],
-               "fitted_versions": journal["fitted_versions"], "keep_fitted": journal["keep_fitted"],
+               "fitted_versions": journal["fitted_versions"], "policy": _journal_policy(journal),
                "reason": journal["reason"]}
     if not check["clean"]:
         log(f"erasure request {request_id}: check FAILED: {check_line(check)}; the journal is kept: run again")
@@ -271,29 +294,71 @@ def run_request(store: FeatureStore, request_id: str, log=print, former: list[np
     return summary
 
 
+def _journal_policy(journal: dict) -> str:
+    """The request's policy (a journal written before policies had `keep_fitted`)."""
+    if "policy" in journal:
+        return journal["policy"]
+    return "serve_until_refit" if journal.get("keep_fitted") else "retire"
+
+
 def _handle_fitted(store: FeatureStore, journal: dict) -> list[dict]:
-    fitted, rid = journal["fitted_versions"], journal["request_id"]
+    fitted, rid, policy = journal["fitted_versions"], journal["request_id"], _journal_policy(journal)
+    rows = [{"layer": "policy", "item": policy, "note": POLICIES[policy]}]
     if not fitted:
-        return []
-    if journal["keep_fitted"]:
+        return rows
+    if policy == "serve_until_refit":
         for v in fitted:
-            log_erasure_override(store, v, f"fitted on videos erased by request {rid}; kept: {journal['reason']}")
-        return [{"layer": "aam_version", "item": v, "note": "fitted on erased videos; kept by override "
-                 "(--keep-fitted-versions), rows removed"} for v in fitted]
-    retire_versions(store, fitted, f"fitted on videos erased by request {rid}: retired")
+            log_erasure_override(store, v, f"{SERVED_UNTIL_REFIT}: fitted on videos erased by request {rid}")
+        return rows + [{"layer": "aam_version", "item": v, "note": "fitted on erased videos; serves with their rows "
+                        "removed until a version fitted without them becomes current"} for v in fitted]
+    return rows + _retire_and_delete(store, fitted, f"fitted on videos erased by request {rid}: retired")
+
+
+def _retire_and_delete(store: FeatureStore, versions: list[str], why: str) -> list[dict]:
+    """Retire `versions` in the ledger and delete their tables, adapter, gate cache and neighbour index; the receipt's
+    rows."""
+    retire_versions(store, versions, why)
     # un-named before deleted: the catalog without them first (no version current now, or the one kept), so that
     # analysts querying meanwhile read an empty current table with its reason, not a view over vanished files
-    build_catalog(store, leaving=fitted)
+    build_catalog(store, leaving=versions)
     rows = []
-    for v in fitted:
+    for v in versions:
         keys = [anonymized_key(v), f"aam/{v}", f"reports/gates/{v}.json"]
         files = sum(len(store.files.walk(k)) for k in keys)
         for k in keys:
             store.files.delete(k)
         shutil.rmtree(index_dir(store, v), ignore_errors=True)
         rows.append({"layer": "aam_version", "item": v, "files_removed": files,
-                     "note": "fitted on erased videos: retired, tables, adapter, gate cache and neighbour index deleted"})
+                     "note": f"{why}: retired, tables, adapter, gate cache and neighbour index deleted"})
     return rows
+
+
+SERVED_UNTIL_REFIT = "serving until refit"  # the ledger's note on a version kept by policy serve_until_refit
+
+
+def served_until_refit(store: FeatureStore) -> dict[str, str]:
+    """{version: the erasure request that kept it} for the versions fitted on erased videos that serve, by policy
+    serve_until_refit, until another becomes current."""
+    from splavu_core.store.ledger import ledger_log
+
+    gone = retired_versions(store)
+    return {e["version"]: e["reason"].rsplit(" ", 1)[-1] for e in ledger_log(store)
+            if e["action"] == "erasure-override" and e.get("reason", "").startswith(SERVED_UNTIL_REFIT)
+            and e["version"] not in gone}
+
+
+def retire_served_until_refit(store: FeatureStore, now_current: str) -> list[str]:
+    """When `now_current` became current: retire (and delete) every version kept by policy serve_until_refit, since
+    one fitted without the erased videos serves now; each request's receipt in the erasure log gets the rows. Returns
+    the versions retired."""
+    kept = {v: rid for v, rid in served_until_refit(store).items() if v != now_current}
+    for rid in sorted(set(kept.values())):
+        versions = sorted(v for v, r in kept.items() if r == rid)
+        rows = _retire_and_delete(store, versions, f"kept by policy serve_until_refit until a version fitted without "
+                                                   f"the erased videos became current ({now_current})")
+        erasure.append_log(store, rid, "retire", "policy serve_until_refit: a version fitted without them is current",
+                           [{k: r.get(k) for k in erasure.LOG_SCHEMA.names if k in r} for r in rows])
+    return sorted(kept)
 
 
 def _content_hash(store: FeatureStore, shard: str, marker: dict) -> str:
@@ -620,7 +685,8 @@ def refit(store: FeatureStore, summary: dict, needles, former: list[np.ndarray],
     except Exception as e:
         why = _one_line(e)
         record_refit(store, rid, reason, None, False, f"refit failed: {why}", verify(store, needles, former))
-        state = "the kept version stays current" if summary["keep_fitted"] else "no version is current"
+        state = ("the kept version serves, its erased rows removed" if summary["policy"] == "serve_until_refit"
+                 else "no version is current")
         raise RefitError(f"the erasure is complete and checked, but the refit failed ({why}); {state}: refit by hand "
                          f"with `splavu train --config {shlex.quote(json.dumps(config))}` and `splavu publish` (or the "
                          f"train_aam and reanonymize jobs)") from e
@@ -633,10 +699,11 @@ def refit(store: FeatureStore, summary: dict, needles, former: list[np.ndarray],
     return {"needed": True, "version": version, "current": current, "why": why, "check": check, "published": published}
 
 
-def not_current_line(version: str, why: str, keep_fitted: bool) -> str:
+def not_current_line(version: str, why: str, policy: str) -> str:
     """What analysts are served when the refit did not become current."""
-    return (f"AAM {version} is NOT current ({why}); the version fitted on the erased videos is "
-            f"{'kept and filtered' if keep_fitted else 'retired'}, so {'it' if keep_fitted else 'no version'} serves "
+    kept = policy == "serve_until_refit"
+    return (f"AAM {version} is NOT current ({why}); by policy {policy} the version fitted on the erased videos is "
+            f"{'kept, its erased rows removed,' if kept else 'retired'} so {'it' if kept else 'no version'} serves "
             f"analysts until one passes: no query returns the erased rows")
 
 
@@ -661,7 +728,7 @@ def fitted_summary(summary: dict) -> str:
     fitted = summary["fitted_versions"]
     if not fitted:
         return "no AAM version was fitted on these videos (none was a training or validation video): no refit needed"
-    how = "kept on record (--keep-fitted-versions), their rows removed" if summary["keep_fitted"] else \
+    how = "kept serving (policy serve_until_refit), their rows removed" if summary["policy"] == "serve_until_refit" else \
         "retired in the ledger and deleted (tables, adapter, gate cache, neighbour index)"
     return f"AAM version(s) fitted on these videos: {', '.join(fitted)}: {how}"
 

@@ -84,6 +84,16 @@ def _flag(name: str, raw: str) -> bool:
     return value in ("1", "true", "yes")
 
 
+ERASURE_POLICIES = ("retire", "serve_until_refit")
+
+
+def _erasure_policy(name: str, raw: str) -> str:
+    policy = raw.strip().lower()
+    if policy not in ERASURE_POLICIES:
+        raise SettingsError(f"${name}={raw!r}: expected one of {', '.join(ERASURE_POLICIES)}")
+    return policy
+
+
 def _upper(name: str, raw: str) -> str:
     return raw.upper()
 
@@ -122,6 +132,15 @@ class Settings:
         "Utility gate: share of the raw features' above-chance utility each seen task must keep, read by raw's "
         "strongest reader (below it with the interval's upper end below 1, a loss beyond the noise: refused). "
         "<= 0 turns the gate off.", "fraction", _float)
+    # ---- erasure
+    erasure_policy: str = _setting(
+        "SPLAVU_ERASURE_POLICY", "retire",
+        "What analysts are served after `splavu forget` erases videos the current AAM was fitted on, until the refit "
+        "(by the publish rule) passes both gates: 'retire' (the versions fitted on them are retired at once: no "
+        "table serves until the refit passes) or 'serve_until_refit' (the current version keeps serving with the "
+        "erased rows removed from every table, and is retired as soon as a version fitted without them becomes "
+        "current). A request can override it (`splavu forget --policy`, the forget job's config).",
+        "retire or serve_until_refit", _erasure_policy)
     # ---- re-anonymization
     aam_retention: int = _setting(
         "SPLAVU_AAM_RETENTION", 0,

@@ -436,26 +436,48 @@ def test_the_receipt_is_in_the_erasures_view_when_forget_returns(tmp_path, capsy
     assert next(r for r in log if r["layer"] == "request")["rows_removed"] == 1
 
 
-@pytest.mark.parametrize("keep", [False, True])
-def test_versions_fitted_on_the_videos_are_retired_or_kept_on_record(tmp_path, keep):
+@pytest.mark.parametrize("policy", ["retire", "serve_until_refit"])
+def test_versions_fitted_on_the_videos_are_retired_or_serve_until_a_refit_is_current(tmp_path, policy):
+    from test_publish_catalog import make_adapter, publish
+
     from splavu_core.store.ledger import ledger_log, promote
 
     s, v = fitted_store(tmp_path)
     targets, _ = fg.resolve(s, videos=["ar-000_v0"])  # a train video of a training dataset
     assert targets["ar-000_v0"]["trains"]
-    journal = fg.open_request(s, targets, "withdrawn", keep_fitted=keep)
+    journal = fg.open_request(s, targets, "withdrawn", policy=policy)
     summary = fg.run_request(s, journal["request_id"], log=print)
-    assert summary["check"]["clean"] and summary["fitted_versions"] == [v]
+    assert summary["check"]["clean"] and summary["fitted_versions"] == [v] and summary["policy"] == policy
     assert summary["refit_config"] is not None  # the CLI refits the current version's fit without the video
+    receipt = [r for r in erasure.read_log(s).to_pylist() if r["request_id"] == journal["request_id"]]
+    assert any(r["layer"] == "policy" and r["item"] == policy and r["note"] == fg.POLICIES[policy] for r in receipt)
     actions = {e["action"] for e in ledger_log(s) if e["version"] == v}
-    if keep:  # on record, rows removed, still current
-        assert "erasure-override" in actions and current_version(s) == v
+    if policy == "serve_until_refit":  # serving, rows removed, until a version fitted without them is current
+        assert "erasure-override" in actions and current_version(s) == v and fg.served_until_refit(s) == {
+            v: journal["request_id"]}
         assert "ar-000_v0" not in pub.read_anonymized(s, v)["video_id"].to_pylist()
-    else:
-        assert "retire" in actions and current_version(s) is None and v in retired_versions(s)
-        assert not s.files.exists(f"anonymized/{v}") and not s.files.exists(f"aam/{v}")
-        with pytest.raises(ledger.PublishError, match="retired"):
-            promote(s, v, force=True, reason="try")
+        refit = publish(s, make_adapter(s, seed=2), ["ar-000", "ar-001"])  # a version fitted without them
+        promote(s, refit, force=True, reason="the refit")
+        assert fg.retire_served_until_refit(s, refit) == [v]
+    assert "retire" in {e["action"] for e in ledger_log(s) if e["version"] == v} and v in retired_versions(s)
+    assert current_version(s) != v and not fg.served_until_refit(s)
+    assert not s.files.exists(f"anonymized/{v}") and not s.files.exists(f"aam/{v}")
+    with pytest.raises(ledger.PublishError, match="retired"):
+        promote(s, v, force=True, reason="try")
+
+
+def test_the_erasure_policy_is_a_setting_and_a_request_can_override_it(tmp_path, monkeypatch):
+    s, _ = fitted_store(tmp_path)
+    assert fg.policy_of(None) == "retire"
+    monkeypatch.setenv("SPLAVU_ERASURE_POLICY", "serve_until_refit")
+    assert fg.policy_of(None) == "serve_until_refit" and fg.policy_of("retire") == "retire"
+    with pytest.raises(fg.ForgetError, match="unknown erasure policy"):
+        fg.policy_of("keep")
+    monkeypatch.setenv("SPLAVU_ERASURE_POLICY", "keep")
+    from splavu_core.settings import SettingsError
+
+    with pytest.raises(SettingsError, match="SPLAVU_ERASURE_POLICY"):
+        fg.policy_of(None)
 
 
 def test_an_extraction_that_raced_an_erasure_removes_the_videos_again(tmp_path):

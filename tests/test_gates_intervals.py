@@ -187,6 +187,29 @@ def test_validation_split_is_carved_from_train_and_never_touches_test():
     assert scored == {v.video_id for v in val} and not scored & {v.video_id for v in videos if v.split == "test"}
 
 
+def test_the_selection_holdout_has_people_of_its_own_and_never_moves_the_validation_split():
+    import dataclasses
+
+    videos = _toy_videos()
+    probe, val = task_split(videos, "val", "ar")
+    probe_s, select = task_split(videos, "select", "ar")
+    who = lambda vs: {v.meta["subject_id"] for v in vs}  # noqa: E731
+    assert select and val and not who(select) & who(val) and not who(select) & who(probe)
+    assert probe == probe_s and not who(probe) & (who(val) | who(select))  # probes never train on a holdout's people
+    assert {v.split for v in select} == {"train"} and not who(select) & who(v for v in videos if v.split == "test")
+    # the validation carve is where it was before selection existed: the first fifth of the people by hash
+    assert [v.video_id for v in val] == [v.video_id for v in carve_validation([v for v in videos
+                                                                               if v.split == "train"])[1]]
+    # a dataset's own selection videos are used as they are, and then only validation is carved: the first people
+    # by hash again (a fifth of the fewer train people left)
+    own = [dataclasses.replace(v, split="select") if v.video_id in {x.video_id for x in select} else v for v in videos]
+    assert [v.video_id for v in task_split(own, "select", "ar")[1]] == [v.video_id for v in select]
+    val_own = task_split(own, "val", "ar")[1]
+    assert val_own and {v.video_id for v in val_own} <= {v.video_id for v in val}
+    with pytest.raises(ValueError, match="split must be"):
+        task_split(videos, "selection", "ar")
+
+
 # ---------------------------------------------------------------- the two-sided gate
 
 def test_utility_verdict_refuses_a_version_at_chance_whatever_its_retention_interval():

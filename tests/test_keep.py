@@ -164,7 +164,11 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store, 
     adapter, acfg, summary = train_aam(data, cfg, log=None)
     clips = sum(len(v.feats) for v in data.ar_train + data.tad_train)
     want = len(data.classes) if on == "classes" else clips // 16
-    assert acfg.recentre and acfg.centroids == want == n_centroids(data, cfg.tasks, cfg)
+    assert acfg.recentre and want == n_centroids(data, cfg.tasks, cfg)
+    if on == "classes":
+        assert acfg.centroids == want
+    else:  # clusters of fewer than recentre_min_people people were pooled into their nearest neighbours
+        assert 2 <= acfg.centroids <= want and summary["keep"]["recentre"]["fewest_people"] >= cfg.recentre_min_people
     assert summary["keep"]["recentre"]["classes"] == acfg.centroids and summary["keep"]["recentre"]["on"] == on
     maps = fit_closed_form(data, cfg.tasks, 4, cfg)
     assert set(maps) == {False, True}
@@ -480,3 +484,22 @@ def test_within_action_static_is_the_stills_scatter_inside_each_action():
         np.testing.assert_allclose(out[rows, 0], means[rows] - means[rows].mean(0), atol=1e-6)
     with pytest.raises(ValueError, match="keep_app_within needs static clips of >= 2 AR training videos"):
         within_action_static(static, ids, ar[:1])
+
+
+def test_every_recentring_centroid_averages_clips_of_at_least_min_people_people():
+    """What a version's parameters hold of any one person: a k-means cluster of clips of fewer than
+    recentre_min_people people is pooled into the nearest cluster that has them (closed_form.pooled_clusters)."""
+    from splavu_core.aam.closed_form import pooled_clusters
+
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(c, 0.1, (20, 2)) for c in ((0, 0), (5, 0), (0, 5), (7, 1))])   # (80, 2)
+    labels = np.repeat(np.arange(4), 20)
+    people = np.concatenate([rng.integers(0, 10, 60).astype(str), np.full(20, "loner")])  # cluster 3: one person
+    out = pooled_clusters(x, labels, people, 3)
+    assert set(out) == {0, 1, 2} and (out[:60] == labels[:60]).all()
+    d = [np.linalg.norm(x[60:].mean(0) - x[labels == c].mean(0)) for c in range(3)]
+    assert (out[60:] == int(np.argmin(d))).all()                           # joined the nearest cluster that has them
+    assert all(len(set(people[out == c])) >= 3 for c in set(out))
+    assert (pooled_clusters(x, labels, people, 1) == labels).all()         # 1: no guarantee asked, nothing pooled
+    with pytest.raises(Exception, match="recentre_min_people"):
+        pooled_clusters(x, labels, people, 50)

@@ -200,11 +200,11 @@ def test_tad_and_ad_videos_name_their_actor_so_intervals_resample_people():
         assert len(set(subject_clusters(videos).tolist())) == len(splits["test"]), name
 
 
-def test_v2_adds_interactions_to_every_action_dataset_and_v3_is_the_default():
+def test_v2_adds_interactions_to_every_action_dataset_and_v4_is_the_default():
     from splavu_core.ingest.synth.datasets import BENCHMARKS, DEFAULT_BENCHMARK
     from splavu_core.ingest.synth.figure import ACTIONS_V2, INTERACTIONS
 
-    assert DEFAULT_BENCHMARK == "v3"
+    assert DEFAULT_BENCHMARK == "v4"
     v1, v2 = plan("tiny", 0, "v1"), plan("tiny", 0, "v2")
     assert {p.row["action"] for p in v2["ar"]} == set(ACTIONS_V2) and {p.row["action"] for p in v1["ar"]} == set(ACTIONS)
     for name in ("ar", "bias_f", "bias_m"):
@@ -301,10 +301,10 @@ def test_evaluation_extras_leave_the_planned_videos_and_training_set_alone(monke
     fit do not change when the evaluation sets grow."""
     from splavu_core.ingest.synth import datasets
 
-    with_extra = plan("demo", 0)
+    with_extra = plan("demo", 0, "v3")
     bare = {k: v for k, v in datasets.SCALES["demo"].items() if not k.endswith("_extra")}
     monkeypatch.setitem(datasets.SCALES, "demo", bare)
-    without = plan("demo", 0)
+    without = plan("demo", 0, "v3")
     for name in ("ar", "tad", "ad"):
         n = len(without[name])
         assert len(with_extra[name]) > n
@@ -319,3 +319,41 @@ def test_evaluation_extras_leave_the_planned_videos_and_training_set_alone(monke
         assert max(per_action) - min(per_action) <= 1 and (split, ACTIONS[0]) in counts
     old_subjects = {p.row["subject_id"] for p in without["ar"]}
     assert not old_subjects & {p.row["subject_id"] for p in ar_extra}  # new people, never train actors
+
+
+def test_v4_is_v3_plus_holdouts_of_their_own_people():
+    """v4 adds to ar, privacy, tad and ad the validation and selection videos the gates and the publish rule read
+    (SCALES' holdouts), after every v3 video and from generators of their own: v3's videos (the AAM's training set
+    among them) are unchanged, and the holdouts' people are nobody else's."""
+    from splavu_core.ingest.synth.datasets import SCALES
+
+    v3, v4 = plan("demo", 0, "v3"), plan("demo", 0, "v4")
+    for name in v3:
+        assert v4[name][:len(v3[name])] == v3[name], name
+        added = v4[name][len(v3[name]):]
+        want = SCALES["demo"]["holdouts"].get(name, {})
+        assert {p.split for p in added} == set(want), name
+        for split, spec in want.items():
+            videos, people = (spec, spec) if name == "privacy" else spec
+            mine = [p for p in added if p.split == split]
+            assert len(mine) == videos
+            if name != "privacy":  # (a close-up is a still frame of its own: static)
+                assert not any(p.static for p in mine)
+                assert len({p.row["subject_id"] for p in mine}) <= people
+                others = {p.row["subject_id"] for p in v4[name] if p not in mine}
+                assert not {p.row["subject_id"] for p in mine} & others, (name, split)
+    # a v3 folder of a changed dataset is kept and extended (its first videos are v4's), the others stay v3's
+    assert len({p.key for p in v4["privacy"]}) == len(v4["privacy"])
+
+
+def test_a_v4_run_extends_a_v3_folder_in_place(tmp_path):
+    import json
+
+    from splavu_core.ingest.synth import datasets
+
+    datasets.generate(tmp_path, "tiny", seed=0, workers=1, datasets=("ad",), benchmark="v3", masks=False)
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "ad" / "videos").iterdir()}
+    datasets.generate(tmp_path, "tiny", seed=0, workers=1, datasets=("ad",), benchmark="v4", masks=False)
+    assert json.loads((tmp_path / "ad" / "benchmark.json").read_text())["benchmark"] == "v4"
+    after = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "ad" / "videos").iterdir()}
+    assert {k: after[k] for k in before} == before  # nothing rendered again

@@ -95,7 +95,38 @@ def recentre_targets(data: TrainingData, tasks, cfg: TrainConfig, publish) -> tu
         raise TrainingDataError(f"recentring on clips: k-means found {len(set(labels))} distinct clusters of {c} "
                                 f"asked for in {len(clips)} training clips (duplicate clips?); raise "
                                 f"recentre_cluster_clips")
+    people = np.concatenate([[person(v)] * len(v.feats) for v in pool])                # (N,)
+    labels = pooled_clusters(clips, labels, people, cfg.recentre_min_people)
     return clips, [f"c{i:05d}" for i in labels]
+
+
+def person(video: VideoFeatures) -> str:
+    """Who a training video shows, for recentre_min_people: its subject_id, else the video itself (a person of its
+    own: then the guarantee counts videos)."""
+    sid = video.meta.get("subject_id")
+    return f"subject:{sid}" if sid not in (None, "") else f"video:{video.video_id}"
+
+
+def pooled_clusters(x: np.ndarray, labels: np.ndarray, people: np.ndarray, min_people: int) -> np.ndarray:
+    """x (N, k) clips, labels (N,) their k-means cluster, people (N,) whose clip each is -> labels where every cluster
+    holds clips of >= min_people people: each clip of a smaller cluster joins the nearest (by centroid) of the
+    clusters that do. So every published centroid averages at least min_people people (what a version's parameters
+    hold of any one person; docs/threat-model.md)."""
+    if min_people <= 1:
+        return labels
+    ids = np.unique(labels)
+    big = np.array([c for c in ids if len(set(people[labels == c])) >= min_people])
+    if len(big) < 2:
+        raise TrainingDataError(f"recentring on clips: fewer than 2 clusters hold clips of >= {min_people} people "
+                                f"(recentre_min_people); the training videos show {len(set(people))} people: lower "
+                                f"recentre_min_people or raise recentre_cluster_clips")
+    small = ~np.isin(labels, big)
+    if small.any():
+        cents = np.stack([x[labels == c].mean(0) for c in big])                         # (B, k)
+        d = ((x[small, None, :] - cents[None]) ** 2).sum(-1)                            # (S, B)
+        labels = labels.copy()
+        labels[small] = big[d.argmin(1)]
+    return labels
 
 
 def fit_closed_form(data: TrainingData, tasks, k: int, cfg: TrainConfig) -> dict:
@@ -152,14 +183,23 @@ def fit_recentre_into(adapter, stage, data: TrainingData, cfg: TrainConfig, log)
 
     means, labels = recentre_targets(data, cfg.tasks, cfg, publish)
     fit = fit_recentre(means, labels, cfg.recentre_quantile, per_clip=cfg.recentre_on == "clips")
+    if len(fit.centroids) != len(stage.centroids):  # clusters of too few people pooled (pooled_clusters)
+        adapter.cfg = dataclasses.replace(adapter.cfg, centroids=len(fit.centroids))
+        stage = type(stage)(adapter.cfg.keep, len(fit.centroids), stage.per_clip, stage.draw, stage.top)
     _load_buffers(stage, centroids=fit.centroids, precision=fit.precision, gate=fit.gate)
     adapter.recentre = stage
     if log:
         what = "k-means clusters of the training clips" if cfg.recentre_on == "clips" else "trained classes"
         log(f"recentre: each video's kept mean -> its expected centroid among {len(fit.centroids)} {what} "
             f"(moved less past the {cfg.recentre_quantile:.0%} quantile of training distances, {float(fit.gate):.2f})")
-    return {"classes": len(fit.centroids), "on": cfg.recentre_on, "quantile": cfg.recentre_quantile,
-            "gate": round(float(fit.gate), 4)}
+    out = {"classes": len(fit.centroids), "on": cfg.recentre_on, "quantile": cfg.recentre_quantile,
+           "gate": round(float(fit.gate), 4)}
+    if cfg.recentre_on == "clips":  # what the centroids hold of any one person
+        pool = recentre_pool(data, cfg.tasks)
+        people = np.concatenate([[person(v)] * len(v.feats) for v in pool])
+        out["min_people"] = cfg.recentre_min_people
+        out["fewest_people"] = int(min(len(set(people[np.asarray(labels) == c])) for c in set(labels)))
+    return out
 
 
 def fit_projection_into(adapter, data: TrainingData, fit_idx: np.ndarray, cfg: TrainConfig, log) -> dict:

@@ -49,6 +49,15 @@ def stored_config(store, version: str | None) -> AAMConfig | None:
     return AAMConfig.from_dict(config)
 
 
+def stored_extra(store, version: str) -> dict:
+    """What training recorded beside `version`'s weights (adapter.json's extra: train_config, operating_point, ...);
+    {} without its adapter.json."""
+    try:
+        return store.files.read_json(f"aam/{version}/{META_FILE}").get("extra") or {}
+    except FileNotFoundError:
+        return {}
+
+
 def published_width(store, version: str | None) -> int | None:
     """The width of `version`'s published table: its keep stage's k, else the latents' D (None: see stored_config)."""
     config = stored_config(store, version)

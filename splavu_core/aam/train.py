@@ -94,6 +94,7 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
     t0 = time.perf_counter()
     if recentre_stage is not None:
         keep["recentre"] = fit_recentre_into(adapter, recentre_stage, data, cfg, log)
+        acfg = adapter.cfg  # its centroid count, when clusters of too few people were pooled
     diag = {"raw": run["raw"], "during": run["during"]}
     if diagnose:
         diag["selected"] = diagnose_adapter(adapter, data, fit_idx, held_idx, cfg.seed, cfg.diagnose_steps)

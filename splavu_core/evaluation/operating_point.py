@@ -94,39 +94,65 @@ def split_units(raw: dict, datasets: dict, which: Sequence[str], split: str) -> 
     return {t: len(task_split(raw[datasets[t]], split, t)[1]) for t in which}
 
 
+class Measured:
+    """The candidates fitted once (fit(cfg) -> adapter; default: train_aam without its diagnostics, which fit nothing)
+    and their anonymized videos, each part scored on `split` only when asked (`score`), raw's once per part. raw:
+    dataset -> raw videos, EVERY video (which holdouts a dataset lacks decides what is carved); datasets: task ->
+    dataset. `members`: [{name, changes, figures: {part: [value, lo, hi]}, units: {part: videos scored},
+    scored: [parts]}]."""
+
+    def __init__(self, candidates: Sequence[Candidate], data: TrainingData, raw: dict, datasets: dict,
+                 which: Sequence[str], seeds: Sequence[int] = range(5), store=None, log=None,
+                 fit: Callable | None = None, split: str = SPLIT):
+        t0 = time.perf_counter()
+        fit = fit or (lambda cfg: train_aam(data, cfg.replace(heldout_fraction=0.0), log=None)[0])
+        self.raw = {ds: raw[ds] for ds in dict.fromkeys(datasets[t] for t in which)}
+        self.datasets, self.which, self.seeds, self.store, self.log, self.split = \
+            datasets, list(which), list(seeds), store, log, split
+        self.sets = {}
+        for c in candidates:
+            adapter = fit(c.config)
+            self.sets[c.name] = {ds: anonymize_videos(adapter, vs) for ds, vs in self.raw.items()}
+        self.members = [{"name": c.name, "changes": c.changes, "figures": {}, "units": {}, "scored": []}
+                        for c in candidates]
+        self.raw_rows: dict = {}
+        self.skipped: dict = {}
+        self.seconds = time.perf_counter() - t0
+
+    def score(self, names: Sequence[str], tasks: Sequence[str]) -> None:
+        t0 = time.perf_counter()
+        tasks = [t for t in self.which if t in tasks]
+        res = score_sets({"raw": self.raw, **{n: self.sets[n] for n in names}}, tasks, self.datasets,
+                         split=self.split, seeds=self.seeds, probe_kwargs=PROBE_KWARGS, store=self.store, log=self.log)
+        self.skipped.update(res.skipped)
+        for r in res:
+            if r["feature_set"] == "raw":
+                self.raw_rows[(r["task"], r["metric"])] = {k: r[k] for k in ("task", "metric", "value", "ci_low",
+                                                                              "ci_high", "chance")}
+        for m in self.members:
+            if m["name"] not in names:
+                continue
+            for task in tasks:
+                metric = PRIVACY_PARTS.get(task) or UTILITY_METRIC.get(task)
+                hit = [r for r in res if r["feature_set"] == m["name"] and r["task"] == task and r["metric"] == metric]
+                if hit and all(math.isfinite(hit[-1][k]) for k in ("value", "ci_low", "ci_high")):
+                    m["figures"][task] = [round(hit[-1][k], 4) for k in ("value", "ci_low", "ci_high")]
+                    m["units"][task] = len(res.scored[task]["raw"].test_ids or ())
+                m["scored"].append(task)
+        self.seconds += time.perf_counter() - t0
+
+    def record(self) -> dict:
+        return {"members": self.members, "raw": list(self.raw_rows.values()), "skipped": self.skipped,
+                "seconds": round(self.seconds, 1)}
+
+
 def measure_candidates(candidates: Sequence[Candidate], data: TrainingData, raw: dict, datasets: dict,
                        which: Sequence[str], seeds: Sequence[int] = range(5), store=None, log=None,
                        fit: Callable | None = None, split: str = SPLIT) -> dict:
-    """Fit each candidate (fit(cfg) -> adapter; default: train_aam without diagnostics, which fit nothing) and score
-    raw and every candidate on the selection split in one pass. raw: dataset -> raw videos; datasets: task -> dataset.
-    Returns {"members": [{name, changes, figures: {part: [value, lo, hi]}, units: {part: scored videos}}],
-             "raw": raw's rows, "seconds"}."""
-    t0 = time.perf_counter()
-    fit = fit or (lambda cfg: train_aam(data, cfg.replace(heldout_fraction=0.0), log=None)[0])
-    # every video of each dataset, not only the split's: which holdouts a dataset lacks decides what is carved
-    sub = {ds: raw[ds] for ds in dict.fromkeys(datasets[t] for t in which)}
-    sets = {}
-    for c in candidates:
-        adapter = fit(c.config)
-        sets[c.name] = {ds: anonymize_videos(adapter, vs) for ds, vs in sub.items()}
-        if log:
-            log(f"candidate {c.name}: fitted")
-    res = score_sets({"raw": sub, **sets}, which, datasets, split=split, seeds=list(seeds), probe_kwargs=PROBE_KWARGS,
-                     store=store, log=log)
-    members = []
-    for c in candidates:
-        figures, units = {}, {}
-        for task in which:
-            metric = PRIVACY_PARTS.get(task) or UTILITY_METRIC.get(task)
-            hit = [r for r in res if r["feature_set"] == c.name and r["task"] == task and r["metric"] == metric]
-            if hit and all(math.isfinite(hit[-1][k]) for k in ("value", "ci_low", "ci_high")):
-                figures[task] = [round(hit[-1][k], 4) for k in ("value", "ci_low", "ci_high")]
-                units[task] = len(res.scored[task]["raw"].test_ids or ())
-        members.append({"name": c.name, "changes": c.changes, "figures": figures, "units": units})
-    raw_rows = [{k: r[k] for k in ("task", "metric", "value", "ci_low", "ci_high", "chance")} for r in res
-                if r["feature_set"] == "raw"]
-    return {"members": members, "raw": raw_rows, "skipped": dict(res.skipped),
-            "seconds": round(time.perf_counter() - t0, 1)}
+    """Every candidate scored on every part of `which` (Measured): {"members", "raw": raw's rows, "seconds"}."""
+    measured = Measured(candidates, data, raw, datasets, which, seeds, store, log, fit, split)
+    measured.score([c.name for c in candidates], which)
+    return measured.record()
 
 
 # ---------------------------------------------------------------- the rule
@@ -185,6 +211,27 @@ def pick(members: list[dict], seen: Sequence[str], budget: float, floor: float, 
     return {"chosen": best["name"], "why": why, "safe": [m["name"] for m in safe]}
 
 
+# The parts every candidate is scored on first: those that bound the choice on the demo's stores (the close-ups and
+# AR; docs/method.md). The others are scored only for a candidate the rule would pick on what is known: a part can
+# only lower a candidate's z and its weakest privacy figure, so what the rest have not been scored on cannot make
+# them win, and the pick is the one full scoring would make (tests/test_operating_point.py).
+FIRST = ("privacy", "ar")
+
+
+def pick_lazily(measured: Measured, seen: Sequence[str], budget: float, floor: float,
+                val_units: dict | None = None) -> dict:
+    """The rule's pick, scoring FIRST for every candidate, then the other parts for the candidate the rule picks on
+    what is scored, until that candidate is scored on every part."""
+    measured.score([m["name"] for m in measured.members], FIRST)
+    while True:
+        choice = pick(measured.members, seen, budget, floor, val_units)
+        m = next(m for m in measured.members if m["name"] == choice["chosen"])
+        rest = [t for t in measured.which if t not in m["scored"]]
+        if not rest:
+            return choice
+        measured.score([m["name"]], rest)
+
+
 # ---------------------------------------------------------------- the record
 
 def markdown(record: dict) -> str:
@@ -199,7 +246,10 @@ def markdown(record: dict) -> str:
         name = f"**{m['name']} (picked)**" if m["name"] == record["chosen"] else m["name"]
         a = m.get("assessment", {})
         z = "—" if not a else f"{a['z_min']:.2f} ({a['weakest']})"
-        lines.append(f"| {name} | " + " | ".join(cell(m["figures"].get(t)) for t in tasks) + f" | {z} |")
+        lines.append(f"| {name} | " + " | ".join(cell(m["figures"].get(t)) if t in m.get("scored", m["figures"])
+                                                  else "·" for t in tasks) + f" | {z} |")
+    if any(t not in m.get("scored", m["figures"]) for m in record["members"] for t in tasks):
+        lines += ["", "· not scored: a part can only lower a candidate's z, so it could not have changed the pick."]
     return "\n".join(lines)
 
 
@@ -267,10 +317,10 @@ def choose(store, data: TrainingData, cfg: TrainConfig, log=None, seeds: Sequenc
         return cfg, record
     raw = load_feature_sets(store, which, "raw", datasets=datasets)
     candidates = family(cfg)
-    measured = measure_candidates(candidates, data, raw, datasets, which, seeds, store=store, log=log)
+    measured = Measured(candidates, data, raw, datasets, which, seeds, store=store, log=log)
     val_units = split_units(raw, datasets, which, "val")
-    choice = pick(measured["members"], seen, budget, floor, val_units)
-    record.update(measured, **choice, val_units=val_units)
+    choice = pick_lazily(measured, seen, budget, floor, val_units)
+    record.update(measured.record(), **choice, val_units=val_units)
     store.files.write_json(f"{REPORT}.json", record)
     store.files.put_atomic(f"{REPORT}.png", plot_png(record))
     if log:
