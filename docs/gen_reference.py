@@ -116,15 +116,21 @@ def render_training() -> list[str]:
     """The training fields, section by section as splavu_core.aam.config.config_fields orders them: the default
     adapter's first, then those only the appearance projection or a trained adapter reads."""
     from splavu_core.aam.model import DEFAULT_ADAPTER
-    from splavu_core.aam.config import SECTION_TITLES, config_fields
+    from splavu_core.aam.model import RENAMED as ADAPTER_RENAMED
+    from splavu_core.aam.config import RENAMED, SECTION_TITLES, config_fields
 
+    names = {f.name for _, f, _ in config_fields()}
+    renamed = ", ".join(f"`{before}` → `{now}`" for now, before in {**RENAMED, **ADAPTER_RENAMED}.items() if now in names)
     out = ["\n## Training configuration\n\n",
            "What `aam_model` fits is set per run, not by the environment: `splavu train --config JSON` and the "
            "Dagster launchpad take these fields by name, flat (`splavu_core/aam/config.py`: `TrainConfig`, its "
            "`projection` and `loop` sections, and the adapter's `AAMConfig` fields, marked *adapter*). The default "
-           "adapter is a closed-form fit: the first table is what it reads (`erase_fraction` 0 keeps the projection "
-           "off). Left unset, `tasks` and "
-           "`selection` follow the data the store has registered (`splavu train` prints the plan).\n"]
+           "adapter is a closed-form fit: the first table is what it reads (`projection_fraction` 0 keeps the "
+           "projection off). Left unset, `tasks` and "
+           "`selection` follow the data the store has registered (`splavu train` prints the plan).\n\n",
+           f"Renamed fields: {renamed}. Adapters and training records stored under the old names still load. "
+           "`splavu train --config` refuses an old name and says the new one; the Launchpad refuses it as an "
+           "unknown field.\n"]
     sections: dict = {}
     for section, f, adapter in config_fields():
         sections.setdefault(section, []).append((f, adapter))
@@ -134,7 +140,7 @@ def render_training() -> list[str]:
                 "|---|---|---|---|\n"]
         for f, adapter in rows:
             default = DEFAULT_ADAPTER.get(f.name, f.default) if adapter else f.default
-            shown = ("from `erase_fraction`" if f.name == "erase_rank" else
+            shown = ("from `projection_fraction`" if f.name == "projection_rank" else
                      f"`{json.dumps(list(default))}`" if isinstance(default, tuple) else _show_default(default))
             doc = ("*adapter*: " if adapter else "") + f.metadata["doc"]
             out.append(f"| `{f.name}` | `{f.type}` | {shown} | {_cell(doc)} |\n")

@@ -16,7 +16,8 @@ back meanwhile) and then run to completion (`run_request`, the `forget` job's `f
 
 Every step is recorded in the journal (erasure/journal/<request>.json) before the next starts, and every step is
 idempotent, so a request killed at any point is completed by running it again. The receipt goes to the append-only
-erasure log (erasure.py). The journal names the videos (the rerun needs them); it is deleted once the check passes.
+erasure log (store/forget_records.py). The journal names the videos (the rerun needs them); it is deleted once the
+check passes.
 
 Then, when the current version was fitted on the videos, `refit`: the same fit again on what is left, published to
 every shard through both gates (promoted only if it passes), every file read back again, the outcome appended to the
@@ -44,6 +45,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from splavu_core.aam.config import renamed_to_current
 from splavu_core.evaluation import score_cache
 from splavu_core.ingest.datasets import ROLES, registered, roles_of
 from splavu_core.publish.anonymized_tables import anonymized_key, feature_matrix, published_shards
@@ -192,7 +194,7 @@ def _refit_config(store: FeatureStore, version: str) -> dict:
         extra = store.files.read_json(f"aam/{version}/adapter.json").get("extra", {})
     except FileNotFoundError:
         return {}
-    tc = dict(extra.get("train_config") or {})
+    tc = renamed_to_current(dict(extra.get("train_config") or {}))  # a record stored before a rename: names now
     adapter = tc.pop("adapter", {}) or {}
     tc.pop("oracle", None)
     return {**tc, **adapter}
