@@ -20,7 +20,7 @@ def _gen():
 
 def test_generated_references_match_the_code(capsys):
     gen = _gen()
-    rc = gen.main(["--check", "--only", "cli", "configuration"])
+    rc = gen.main(["--check", "--only", "cli", "configuration", "catalog", "report-fields"])
     assert rc == 0, capsys.readouterr().err  # regenerate with: python docs/gen_reference.py
     cli = (DOCS / "cli.md").read_text()
     from pipeline.cli import build_parser
@@ -50,7 +50,7 @@ def test_mkdocs_build_strict(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (site / "index.html").is_file()
     for page in ("concepts", "method", "evaluation", "operations", "history", "known_gaps", "cli", "configuration",
-                 "results"):
+                 "catalog", "report-fields", "results"):
         assert (site / page / "index.html").is_file(), page
 
 
