@@ -283,8 +283,8 @@ def render_report_fields() -> str:
                          f"ROW_KEYS: describe the new ones there")
     out = [GENERATED, "# Report fields\n\n",
            "`splavu evaluate` writes `<store>/reports/privacy_utility.json` (and the `.md` and `.png` beside it) from "
-           "the metric rows in `<store>/metrics/` (the catalog's `metrics` view). How each number is measured: "
-           "[evaluation](evaluation.md).\n\n",
+           "the metric rows in `<store>/metrics/` (the catalog's `metrics` view). How to read it: "
+           "[read the report](report.md); how each number is measured: [evaluation](evaluation.md).\n\n",
            "## The report's top level\n\n| key | what it holds |\n|---|---|\n"]
     out += [f"| `{k}` | {_cell(v)} |\n" for k, v in REPORT_TOP.items()]
     out += ["\n## A row\n\n`name` is the feature set. Each metric below is the mean over the probe seeds; it is "

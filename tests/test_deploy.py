@@ -53,7 +53,7 @@ def launcher_errors(config: dict) -> list[str]:
 def test_instance_configs_are_valid(folder, pg_env):
     config = load_instance(folder)
     assert config["run_coordinator"]["class"] == "QueuedRunCoordinator"
-    assert config["concurrency"]["pools"]["default_limit"] == 1  # the `encoder` pool, README "Running on a cluster"
+    assert config["concurrency"]["pools"]["default_limit"] == 1  # the `encoder` pool, docs/scale-out.md
     assert config["nux"] == {"enabled": False}  # the UI's sign-up pop-up, which covers every page on first load
     if folder is not REPO:
         assert set(config["storage"]) == {"postgres"}
