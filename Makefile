@@ -16,7 +16,7 @@ $(error TORCH=$(TORCH): use TORCH=cpu or TORCH=cuda)
 endif
 STAMP := $(VENV)/.installed-$(TORCH)
 
-.PHONY: demo test setup lock ablations baselines bench clean
+.PHONY: demo test setup ui lock ablations baselines bench clean
 
 # Exactly the lock: every package at its locked version and hash with --no-deps (the lock is the whole resolved set),
 # pip itself first (its entry in the lock). The project goes in editable, built by the locked setuptools (no build
@@ -37,6 +37,14 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 	cp dagster.yaml $@
 
 setup: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
+
+# The Dagster UI on http://127.0.0.1:3000 (UI_ARGS: e.g. `-p 3001`). `dagster dev` starts the webserver AND the daemon:
+# a webserver alone leaves a run launched from the Launchpad waiting in the run queue (dagster.yaml's
+# QueuedRunCoordinator) and never runs sensors or schedules. DAGSTER_HOME is the project's (exported above), so the
+# runs of `splavu` commands show too. Stop it with Ctrl-C.
+UI_ARGS ?=
+ui: setup
+	$(BIN)/dagster dev -w workspace.yaml $(UI_ARGS)
 
 # Rewrites both locks from requirements.txt and requirements-dagster.txt, for CPython 3.11 on x86_64 Linux, with uv
 # (installed in .lock-tools/, not in .venv). It keeps every locked version the inputs still allow; LOCK_ARGS=--upgrade

@@ -10,7 +10,8 @@ from pydantic import Field, ValidationError, create_model
 from assets.resources import StoreResource
 from splavu_core.aam.io import adapter_version, save_adapter
 from splavu_core.aam.model import DEFAULT_ADAPTER, AAMConfig
-from splavu_core.aam.config import TASKS, TrainConfig, config_fields
+from splavu_core.aam.model import RENAMED as ADAPTER_RENAMED
+from splavu_core.aam.config import RENAMED, TASKS, TrainConfig, config_fields
 from splavu_core.aam.train import train_aam
 from splavu_core.aam.training_data import load_training_data
 from splavu_core.evaluation.operating_point import choose, markdown, plot_png
@@ -28,7 +29,7 @@ _PLANNED = {"tasks", "selection"}
 
 def _config_fields() -> dict:
     """Every field train.config_fields lists, flat (same name, type, default; AAMConfig's optional: unset = the
-    default adapter's value, or derived, as erase_rank from erase_fraction), the default adapter's first and each of
+    default adapter's value, or derived, as projection_rank from projection_fraction), the default adapter's first and each of
     the others labelled with the stage that alone reads it: the library's dataclasses are the one definition of
     training; this only states it for Dagster. Flat, so the CLI's --config and stored run configs stay valid."""
     out = {"tasks": (list[str] | None, Field(default=None, description="utility tasks fitted for (any subset of "
@@ -74,7 +75,15 @@ AAMTrainingConfig = create_model(
 
 
 def check_training_config(cfg: dict) -> None:
-    """One line for a misspelt or mistyped field (the CLI checks before a run starts)."""
+    """One line for a misspelt, mistyped or renamed field (the CLI checks before a run starts). A field renamed since
+    (config.RENAMED, model.RENAMED) is refused with its new name rather than taken: the run config Dagster records and
+    the Launchpad show know one name per field, and a config that kept the old name would keep it alive."""
+    now = {before: name for name, before in {**RENAMED, **ADAPTER_RENAMED}.items()
+           if name in AAMTrainingConfig.model_fields}
+    renamed = sorted(set(cfg) & set(now))
+    if renamed:
+        raise ValueError(f"training field(s) {renamed} were renamed: use {[now[k] for k in renamed]} (the appearance "
+                         f"projection is no longer called erasure; erasure means only `splavu forget`)")
     unknown = sorted(set(cfg) - set(AAMTrainingConfig.model_fields))
     if unknown:
         raise ValueError(f"unknown training field(s) {unknown}; valid: {', '.join(AAMTrainingConfig.model_fields)}")

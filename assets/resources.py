@@ -1,20 +1,34 @@
 """Resources: where the store lives and which frozen encoder fills it. Chosen per environment."""
 from __future__ import annotations
 
+import os
+
 import dagster as dg
 from pydantic import Field
 
 from splavu_core.extract.encoders.vfm import DEMO_CHECKPOINT, FrozenEncoder, load_encoder
 from splavu_core.extract.sampling import ClipSampling
 from splavu_core.store.feature_store import FeatureStore, default_root
+from splavu_core.store.fs import is_url
+
+
+def store_root_default() -> str:
+    """The store a run reads and writes unless its run config names another: $SPLAVU_STORE, else ./store, as the code
+    location loads it; a local path is made absolute then, so the Launchpad shows the folder itself."""
+    root = default_root()
+    return root if is_url(root) else os.path.abspath(root)
 
 
 class StoreResource(dg.ConfigurableResource):
     """The store root: a local path or an fsspec URL such as s3://bucket/prefix (`SPLAVU_STORE` overrides the
     default ./store; credentials and endpoint from the standard AWS variables and `SPLAVU_STORAGE_OPTIONS`,
-    see splavu_core/store/fs.py). The inbox is always a local folder: set `inbox` for an object-store root."""
+    see splavu_core/store/fs.py). The inbox is always a local folder: set `inbox` for an object-store root.
+    The code location states `root` (pipeline/definitions.py), so the Launchpad shows which store a run writes to."""
 
-    root: str = Field(default_factory=default_root)
+    root: str = Field(default_factory=store_root_default,
+                      description="the store this run reads and writes: a local folder or an fsspec URL "
+                                  "(s3://bucket/prefix); default $SPLAVU_STORE, else ./store, when the code location "
+                                  "loaded")
     inbox: str = Field(default="", description="folder watched for new datasets (default <root>/inbox)")
 
     def store(self) -> FeatureStore:

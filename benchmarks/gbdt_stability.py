@@ -8,7 +8,7 @@ validation close-ups published in memory, and the rows multiplied by (1 + eps N(
 published). Per draw: the suite's gbdt as it is (one fit) and a seeded variant (one fit per probe seed, each on a
 seeded bootstrap of the training people's videos, the scores averaged over seeds: the proposed fix), their cMAP on
 the validation close-ups, and the MLP-free reference of the linear attacker. A stable attacker gives the same cMAP for
-every draw. Measured 2026-12-05: docs/known_gaps.md, "The gradient-boosting attacker's figure".
+every draw. Measured 2026-12-05: docs/history.md, "The gradient-boosting attacker's figure".
 """
 from __future__ import annotations
 

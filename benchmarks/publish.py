@@ -102,9 +102,9 @@ def adapter_config(dim: int, kind: str) -> AAMConfig:
 
     c = AAMTrainingConfig()
     fields = c.adapter_fields()
-    fields.setdefault("erase_rank", int(round(c.erase_fraction * dim)))
+    fields.setdefault("projection_rank", int(round(c.projection_fraction * dim)))
     if kind == "previous":
-        fields = {**PREVIOUS_DEFAULT_ADAPTER, "erase_rank": dim // 2}
+        fields = {**PREVIOUS_DEFAULT_ADAPTER, "projection_rank": dim // 2}
     if fields.get("recentre"):
         fields["centroids"] = RECENTRE_CLASSES
     return AAMConfig(dim=dim, **fields)
@@ -114,12 +114,12 @@ def make_adapter(store: FeatureStore, dim: int, seed: int, fingerprint: str = FP
     torch.manual_seed(seed)
     cfg = adapter_config(dim, kind)
     adapter = AnonymizingAdapter(cfg)
-    with torch.no_grad():  # "trained-looking": the zero-initialised projections and the erasure get random values
+    with torch.no_grad():  # "trained-looking": random values in the zero-initialised layers and the fitted stages
         for name, p in adapter.named_parameters():
             if name.endswith("proj.weight") or name.startswith("out."):
                 p.normal_(0, 0.05)
-        if adapter.erase is not None:
-            adapter.erase.read.normal_(0, 0.05), adapter.erase.write.normal_(0, 0.05)
+        if adapter.projection is not None:
+            adapter.projection.read.normal_(0, 0.05), adapter.projection.write.normal_(0, 0.05)
         if adapter.keep is not None:  # a random orthonormal k-dim basis
             adapter.keep.proj.copy_(torch.linalg.qr(torch.randn(dim, cfg.keep))[0])
         if adapter.recentre is not None:  # random centroids, unit precision, a gate some videos pass
@@ -207,7 +207,7 @@ def main(argv=None):
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--adapter", default="default", choices=["default", "previous", "attention"],
-                    help="default: the adapter aam_model trains by default (keep k); previous: the erasure + 2 MLP "
+                    help="default: the adapter aam_model trains by default (keep k); previous: the appearance projection + 2 MLP "
                          "blocks default before it; attention: the sub-token attention adapter")
     ap.add_argument("--work", help="folder for the synthetic store (default: a new temp folder, removed at the end)")
     ap.add_argument("--keep", action="store_true", help="keep the synthetic store")

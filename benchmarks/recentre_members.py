@@ -40,7 +40,7 @@ reader suites, 5 probe seeds, bootstrap over people) beside the same-width PCA. 
                    AR training videos' anchors weighted by the anchor's action posterior)
     anchor-match   clusters and posterior on anchored clips, the published centroids un-anchored
 
-Measured 2026-12-05 (demo store, world seeds 0 and 1): docs/known_gaps.md, "Anonymizer v6".
+Measured 2026-12-05 (demo store, world seeds 0 and 1): docs/history.md, "Anonymizer v6".
 """
 from __future__ import annotations
 

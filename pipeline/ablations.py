@@ -12,11 +12,11 @@ Variants (each a delta on the base AAM config, assets.aam.AAMTrainingConfig's de
 the keep family (default: keep k = 11 + recentring on clusters of clips; no_recentre = keep k = 11 alone, the default before
 issue 29; recentre_classes = recentring on the trained classes, the default of issue 29; keep14_draw4(_top3) = k = 14
 with one centroid drawn per clip at temperature 4 (among the 3 most likely), anonymizer v6's option;
-keep_k8/24/32, keep_no_motion, keep_unshrunk, keep_dynamic, keep_learned, keep_after_erasure) beside
+keep_k8/24/32, keep_no_motion, keep_unshrunk, keep_dynamic, keep_learned, keep_after_projection) beside
 previous_default and the paper's objective; tasks seen in training, every single task and pair (tasks_ar ..
 tasks_all); and, on the previous default's trained family: losses (loss_all, loss_no_lt = no utility task,
-loss_no_lb = no privacy loss and no erasure, loss_no_llc = w_lc 0), the w_lc sweep (wlc_0 .. wlc_1000) and the
-privacy objectives (paper, critic, critic_static_action, erasure_only, and oracle: a supervised attribute
+loss_no_lb = no privacy loss and no appearance projection, loss_no_llc = w_lc 0), the w_lc sweep (wlc_0 .. wlc_1000)
+and the privacy objectives (paper, critic, critic_static_action, projection_only, and oracle: a supervised attribute
 adversary, the one variant given private labels, a diagnostic only).
 Variants whose training config is identical (loss_all = tasks_all = wlc_<base w_lc>, loss_no_llc = wlc_0)
 train once: the result is cached per config in <root>/reports/ablations/by_config/.
@@ -50,10 +50,11 @@ from splavu_core.evaluation.suite import (
 from splavu_core.ingest.datasets import dataset_of, training_plan
 from splavu_core.store.feature_store import FeatureStore
 
-NO_ERASURE = {"erase_rank": 0}
-# the previous default (erasure of half the dimensions, 2 residual MLP blocks, learned critic): the trained
-# family's ablations (losses, w_lc, privacy objectives) are deltas on it, the keep family's on the new default
-PREVIOUS = {"erase_fraction": 0.5, "adapter": PREVIOUS_DEFAULT_ADAPTER}
+NO_PROJECTION = {"projection_rank": 0}
+# the previous default (an appearance projection removing half the dimensions, 2 residual MLP blocks, learned critic):
+# the trained family's ablations (losses, w_lc, privacy objectives) are deltas on it, the keep family's on the new
+# default
+PREVIOUS = {"projection_fraction": 0.5, "adapter": PREVIOUS_DEFAULT_ADAPTER}
 
 
 def _previous(**delta) -> dict:
@@ -65,7 +66,8 @@ TASK_SETS = {"ar": ("ar",), "tad": ("tad",), "ad": ("ad",), "ar_tad": ("ar", "ta
              "tad_ad": ("tad", "ad"), "all": ("ar", "tad", "ad")}
 VARIANTS: dict[str, dict] = {
     "default": {},
-    # the keep family (issue 22): width, the motion directions, a learned block on top, the erasure before it;
+    # the keep family (issue 22): width, the motion directions, a learned block on top, the appearance projection
+    # before it;
     # recentring (issue 29) off: the keep default before it
     "no_recentre": {"adapter": {"recentre": False}},
     # recentring on the trained classes (issue 29's default): private, but unseen tasks lose their video-level signal
@@ -78,19 +80,20 @@ VARIANTS: dict[str, dict] = {
     "keep_unshrunk": {"keep_ridge": 1e-3},  # the first keep default: no shrinkage of the discriminant
     "keep_dynamic": {"keep_w_dynamic": 1.0},  # + what motion adds to a video (moving minus its static clips)
     "keep_learned": {"adapter": {"layers": 2, "recentre": False}, "privacy": "critic"},
-    "keep_after_erasure": {"erase_fraction": 0.5},
+    "keep_after_projection": {"projection_fraction": 0.5},
     "previous_default": _previous(),
     # tasks seen in training (paper Tab. 2 / 4), on the default
     **{f"tasks_{name}": {"tasks": tasks} for name, tasks in TASK_SETS.items()},
-    # the trained family: losses (paper Tab. 5); no privacy mechanism at all = neither the loss nor the erasure
+    # the trained family: losses (paper Tab. 5); no privacy mechanism at all = neither the loss nor the projection
     "loss_all": _previous(), "loss_no_lt": _previous(tasks=()),
-    "loss_no_lb": _previous(w_b=0.0, adapter=NO_ERASURE), "loss_no_llc": _previous(w_lc=0.0),
-    # privacy objectives (issue 12): the paper's, learned critics, the erasure alone, and the labelled frontier
+    "loss_no_lb": _previous(w_b=0.0, adapter=NO_PROJECTION), "loss_no_llc": _previous(w_lc=0.0),
+    # privacy objectives (issue 12): the paper's, learned critics, the appearance projection alone, and the labelled
+    # frontier
     "paper": {"privacy": "ntxent", "pairs": "static_static", "epochs": 60,
-              "adapter": {"keep": 0, "erase_rank": 0, "mixer": "attention", "layers": 3, "recentre": False}},
-    "critic": _previous(privacy="critic", pairs="static_static", adapter=NO_ERASURE),
-    "critic_static_action": _previous(privacy="critic", pairs="static_action", adapter=NO_ERASURE),
-    "erasure_only": _previous(w_b=0.0),
+              "adapter": {"keep": 0, "projection_rank": 0, "mixer": "attention", "layers": 3, "recentre": False}},
+    "critic": _previous(privacy="critic", pairs="static_static", adapter=NO_PROJECTION),
+    "critic_static_action": _previous(privacy="critic", pairs="static_action", adapter=NO_PROJECTION),
+    "projection_only": _previous(w_b=0.0),
     "oracle": _previous(oracle=True),
     **{f"wlc_{w}": _previous(w_lc=float(w)) for w in (0, 1, 10, 100, 1000)},
 }
@@ -98,11 +101,11 @@ GROUPS: dict[str, list[str]] = {
     "The keep family (default: keep k = 11, closed form) beside the previous default and the paper's objective": [
         "default", "no_recentre", "recentre_classes", "keep14_draw4", "keep14_draw4_top3", "keep_k8", "keep_k24",
         "keep_k32", "keep_no_motion", "keep_unshrunk", "keep_dynamic", "keep_learned",
-        "keep_after_erasure",
+        "keep_after_projection",
         "previous_default", "paper"],
     "Tasks seen in training, default adapter (paper Tab. 2 / 4)": [f"tasks_{n}" for n in TASK_SETS],
     "Privacy objective of the trained family (oracle = labelled diagnostic, never publishable)": [
-        "loss_all", "paper", "critic", "critic_static_action", "erasure_only", "oracle"],
+        "loss_all", "paper", "critic", "critic_static_action", "projection_only", "oracle"],
     "Losses of the trained family (paper Tab. 5)": ["loss_all", "loss_no_lt", "loss_no_lb", "loss_no_llc"],
     "ω_LC sweep of the trained family (paper Tab. 9)": [f"wlc_{w}" for w in (0, 1, 10, 100, 1000)],
 }
@@ -187,9 +190,9 @@ def run_variant(store: FeatureStore, variant: str, config: AblationConfig, log=N
     datasets = config.datasets(store)
     raw = load_feature_sets(store, TASKS, "raw", datasets=datasets)
     raw_rows, raw_key = raw_baseline(store, config, raw=raw, log=log)
-    train_cfg = cfg.flat()  # the stored layout: cached records of earlier runs keep their keys
-    key = config_key({"train": train_cfg, "train_datasets": train_datasets,
-                "raw_key": raw_key})
+    train_cfg = cfg.flat()  # the stored layout
+    # the key hashes the fields under their names before any rename: cached records of earlier runs keep their keys
+    key = config_key({"train": cfg.flat(names_before=True), "train_datasets": train_datasets, "raw_key": raw_key})
     by_config = f"{ABLATIONS}/by_config/{key}.json"
     if (hit := _read_record(store, by_config)) is not None:
         rec = {**hit, "name": variant, "reused": True}

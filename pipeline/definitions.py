@@ -3,7 +3,7 @@ import dagster as dg
 
 from assets import aam, anonymized, baselines, catalog, evaluation, forget, latents, manifest, operating_point
 from assets.groups import describe_groups
-from assets.resources import EncoderResource, StoreResource
+from assets.resources import EncoderResource, StoreResource, store_root_default
 from pipeline import ablations
 from pipeline.executors import splavu_executor
 from pipeline.jobs import evaluate_job, extract_job, forget_job, pixel_baselines_job, train_aam_job
@@ -23,7 +23,9 @@ defs = dg.Definitions(
           pixel_baselines_job, operating_point.operating_point_job, forget_job],
     sensors=[inbox_sensor, reanonymize_automation],
     schedules=[reanonymize_schedule],
-    resources={"store": StoreResource(), "encoder": EncoderResource()},
+    # root stated, not left to the field's default: only then is it in the Launchpad's default run config, which
+    # then shows which store a run writes to (tests/test_deploy.py)
+    resources={"store": StoreResource(root=store_root_default()), "encoder": EncoderResource()},
     executor=splavu_executor,  # $SPLAVU_EXECUTOR: multiprocess (default), in_process, dask, k8s
 )
 

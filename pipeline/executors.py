@@ -25,7 +25,7 @@ when the run starts (those libraries are imported only then: importing dagster-d
 which every step process would otherwise pay). Resources reach the steps through run config or the
 workers' environment (SPLAVU_STORE, ...), never through pickled objects.
 
-What a cluster engine does not do (docs/operations.md, "Running on a cluster"): the dask executor does not
+What a cluster engine does not do (docs/scale-out.md, "The encoder pool"): the dask executor does not
 claim Dagster concurrency-pool slots (the `encoder` pool is then enforced only by the run queue,
 with `concurrency.pools.granularity: run`), and it ignores retry policies.
 """

@@ -18,7 +18,8 @@ back meanwhile) and then run to completion (`run_request`, the `forget` job's `f
 
 Every step is recorded in the journal (erasure/journal/<request>.json) before the next starts, and every step is
 idempotent, so a request killed at any point is completed by running it again. The receipt goes to the append-only
-erasure log (erasure.py). The journal names the videos (the rerun needs them); it is deleted once the check passes.
+erasure log (store/forget_records.py). The journal names the videos (the rerun needs them); it is deleted once the
+check passes.
 
 Then, when the current version was fitted on the videos, `refit`: the configuration it was asked for fitted again on
 what is left (the publish rule picks its operating point again), published to every shard through both gates
@@ -46,6 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from splavu_core.aam.config import renamed_to_current
 from splavu_core.evaluation import score_cache
 from splavu_core.ingest.datasets import ROLES, registered, roles_of
 from splavu_core.publish.anonymized_tables import anonymized_key, feature_matrix, published_shards
@@ -215,7 +217,8 @@ def _refit_config(store: FeatureStore, version: str) -> dict:
         extra = store.files.read_json(f"aam/{version}/adapter.json").get("extra", {})
     except FileNotFoundError:
         return {}
-    tc = dict((extra.get("operating_point") or {}).get("request") or extra.get("train_config") or {})
+    # a record stored before a rename: names now
+    tc = renamed_to_current(dict((extra.get("operating_point") or {}).get("request") or extra.get("train_config") or {}))
     adapter = tc.pop("adapter", {}) or {}
     tc.pop("oracle", None)
     return {**tc, **adapter}

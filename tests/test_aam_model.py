@@ -92,6 +92,44 @@ def test_centroids_read_from_adapters_stored_as_classes_and_their_version_is_unc
     tensors = aam_io._state_tensors(adapter, cfg)
     assert adapter_version(adapter, cfg, "fp") == aam_io._content_hash(tensors, StoredBefore(), "fp")
 
+
+BEFORE_RENAME = Path(__file__).parent / "data" / "adapter_before_rename"  # tests/data/README.md says how it was made
+
+
+def test_an_adapter_saved_before_the_projection_was_renamed_loads_unchanged(tmp_path):
+    """The appearance projection was called erasure (AAMConfig.erase_rank, the stage `erase.*`, TrainConfig erase_*, the
+    summary key "erasure"); erasure now means only `splavu forget`. An adapter the code before the rename saved still
+    loads under its recorded version and gives the same output; its training record reads under the names now (the
+    unseen-task refit and the refit after `splavu forget` read it); saved again, it keeps its version."""
+    from assets.aam import check_training_config
+    from splavu_core.aam.config import TrainConfig
+    from splavu_core.evaluation.unseen import closed_form_why_not, version_config
+    from splavu_core.forget import _refit_config
+    from splavu_core.store.feature_store import FeatureStore
+
+    meta = json.loads((BEFORE_RENAME / "adapter.json").read_text())
+    assert "erase_rank" in meta["config"] and "erase_fraction" in meta["extra"]["train_config"]  # the fixture is old
+    adapter, cfg, loaded = load_adapter(BEFORE_RENAME)  # the content hash is checked against the recorded version
+    assert cfg.projection_rank == 3 and adapter.projection is not None and loaded["version"] == meta["version"]
+    expected = json.loads((BEFORE_RENAME / "expected_output.json").read_text())
+    x = torch.linspace(-1, 1, 32).reshape(2, 16)
+    with torch.no_grad():
+        assert torch.allclose(adapter(x), torch.tensor(expected["output"]), atol=1e-6)
+    assert "projection_rank" in cfg.to_dict() and "erase_rank" not in cfg.to_dict()  # written under the name now
+    assert save_adapter(adapter, cfg, tmp_path / "again", meta["encoder_fingerprint"]) == meta["version"]
+    assert "projection.read" in load_adapter(tmp_path / "again")[0].state_dict()
+
+    tc = TrainConfig.from_flat(meta["extra"]["train_config"])
+    assert (tc.projection.projection_fraction, tc.projection.projection_w_temporal) == (0.2, 0.5)
+    assert tc.adapter["projection_rank"] == 3 and "erase_rank" not in tc.adapter
+    store = FeatureStore(tmp_path / "store")
+    store.files.write_json(f"aam/{meta['version']}/adapter.json", meta)
+    refit = _refit_config(store, meta["version"])  # the run config `forget` hands aam_model
+    assert refit["projection_fraction"] == 0.2 and refit["projection_rank"] == 3 and "erase_rank" not in refit
+    check_training_config(refit)
+    assert version_config(store, meta["version"]).adapter["projection_rank"] == 3
+    assert "projection_rank=3" in closed_form_why_not(store, meta["version"])
+
 def test_bad_inputs_are_refused_at_the_boundary():
     m = AnonymizingAdapter(AAMConfig(**SMALL))
     with pytest.raises(AssertionError, match="D=48"):

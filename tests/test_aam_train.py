@@ -74,7 +74,7 @@ def test_paper_privacy_term_is_maximised():
     (A rising NT-Xent is not privacy: tests/test_anonymizer_privacy.py measures what a fresh critic still matches.)"""
     data = toy_data()
     _, _, s = train_aam(data, small_cfg(tasks=(), w_lc=0.0, epochs=15, lr=3e-3, selection="last", privacy="ntxent",
-                                        erase_fraction=0.0, adapter={"layers": 1, "heads": 2, "sub_tokens": 4,
+                                        projection_fraction=0.0, adapter={"layers": 1, "heads": 2, "sub_tokens": 4,
                                                                      "token_width": 16, "mixer": "attention"}),
                         log=None)
     h = s["history"]
@@ -242,8 +242,9 @@ def test_default_adapter_fit_reads_no_static_clip_beyond_the_diagnostics(tiny_st
 
 # ---------------------------------------------------------------- the configuration: sections, flat names, records
 
-# TrainConfig's fields and defaults as stored before the sections (adapter.json's extra.train_config, the ablation
-# records and their cache keys): flat() must keep writing exactly this, so stored records and cache keys still match
+# TrainConfig's fields and defaults as stored before the sections and before the appearance projection's fields were
+# renamed (adapter.json's extra.train_config, the ablation records and their cache keys): flat(names_before=True) must
+# keep writing exactly this, so cache keys still match, and from_flat must read it back
 FLAT_RECORD = {
     "tasks": ("ar", "tad", "ad"), "w_lc": 1.0, "w_ar": 1.0, "w_tad": 1.0, "w_ad": 1.0, "w_b": 1.0, "temperature": 0.1,
     "lr": 1e-3, "head_lr": 1e-3, "epochs": 30, "batch": 128, "pretrain_head_epochs": 30, "seed": 0,
@@ -260,10 +261,17 @@ def test_flat_names_route_to_their_section_and_the_record_keeps_its_layout():
     from splavu_core.evaluation.suite import config_key
 
     cfg = TrainConfig()
-    assert cfg.flat() == FLAT_RECORD and config_key(cfg.flat()) == config_key(FLAT_RECORD)
+    assert cfg.flat(names_before=True) == FLAT_RECORD
+    assert config_key(cfg.flat(names_before=True)) == config_key(FLAT_RECORD)
+    renamed = {"erase_fraction": "projection_fraction", "erase_w_action": "projection_w_action",
+               "erase_w_temporal": "projection_w_temporal"}
+    assert cfg.flat() == {renamed.get(k, k): v for k, v in FLAT_RECORD.items()}  # what a new record holds
     assert TrainConfig.from_flat(FLAT_RECORD) == cfg  # a stored record reads back as the config it came from
-    c = TrainConfig.from_flat({"epochs": 5, "w_lc": 10.0, "keep_ridge": 0.1, "erase_fraction": 0.5})
-    assert (c.loop.epochs, c.loop.w_lc, c.keep_ridge, c.projection.erase_fraction) == (5, 10.0, 0.1, 0.5)
+    assert TrainConfig.from_flat(cfg.flat()) == cfg
+    c = TrainConfig.from_flat({"epochs": 5, "w_lc": 10.0, "keep_ridge": 0.1, "projection_fraction": 0.5})
+    assert (c.loop.epochs, c.loop.w_lc, c.keep_ridge, c.projection.projection_fraction) == (5, 10.0, 0.1, 0.5)
+    with pytest.raises(ValueError, match=r"both \['erase_fraction'\] and their new names \['projection_fraction'\]"):
+        TrainConfig.from_flat({"erase_fraction": 0.5, "projection_fraction": 0.5})
     assert c.replace(selection="last").loop == dataclasses.replace(c.loop, selection="last")
     with pytest.raises(ValueError, match=r"unknown training field\(s\) \['epoch'\]; valid: tasks, seed"):
         TrainConfig.from_flat({"epoch": 5})
@@ -274,23 +282,28 @@ def test_the_dagster_config_shows_the_defaults_fields_first_and_labels_the_rest(
 
     fields = AAMTrainingConfig.model_fields
     names = list(fields)
-    assert names.index("keep_ridge") < names.index("erase_fraction") < names.index("epochs")
-    assert names.index("recentre") < names.index("erase_rank") < names.index("hidden")
+    assert names.index("keep_ridge") < names.index("projection_fraction") < names.index("epochs")
+    assert names.index("recentre") < names.index("projection_rank") < names.index("hidden")
     assert fields["keep_ridge"].description.startswith("keep fit: shrinkage")  # the field's doc metadata
     assert fields["epochs"].description.startswith("[trained adapters only] ")
     assert fields["hidden"].description.startswith("adapter: [trained adapters only] ")
-    assert fields["erase_w_action"].description.startswith("[appearance projection, off by default] ")
-    assert not any(d.startswith("[") for n in names[:names.index("erase_fraction")] if (d := fields[n].description))
+    assert fields["projection_w_action"].description.startswith("[appearance projection, off by default] ")
+    assert not any(d.startswith("[") for n in names[:names.index("projection_fraction")]
+                   if (d := fields[n].description))
     # the CLI's flat JSON, unchanged: each name lands in its section
-    cfg = AAMTrainingConfig(epochs=7, w_lc=10.0, keep=11, keep_ridge=0.2, erase_w_temporal=0.5).train_config()
-    assert (cfg.loop.epochs, cfg.loop.w_lc, cfg.adapter["keep"], cfg.keep_ridge, cfg.projection.erase_w_temporal) == \
-        (7, 10.0, 11, 0.2, 0.5)
-    with pytest.raises(ValueError, match=r"unknown training field\(s\) \['erase_fraktion'\]"):
-        check_training_config({"erase_fraktion": 0.5})
+    cfg = AAMTrainingConfig(epochs=7, w_lc=10.0, keep=11, keep_ridge=0.2, projection_w_temporal=0.5).train_config()
+    assert (cfg.loop.epochs, cfg.loop.w_lc, cfg.adapter["keep"], cfg.keep_ridge,
+            cfg.projection.projection_w_temporal) == (7, 10.0, 11, 0.2, 0.5)
+    with pytest.raises(ValueError, match=r"unknown training field\(s\) \['projection_fraktion'\]"):
+        check_training_config({"projection_fraktion": 0.5})
+    # a name from before the rename is refused with the name now (stored records still read: test_aam_model.py)
+    with pytest.raises(ValueError, match=r"\['erase_fraction', 'erase_rank'\] were renamed: use "
+                                         r"\['projection_fraction', 'projection_rank'\]"):
+        check_training_config({"erase_rank": 4, "erase_fraction": 0.5, "keep": 11})
 
 
-def test_the_default_adapter_reads_no_loop_or_erasure_fit_field():
-    """Every field of the erasure and loop sections but the erasure's switch changed: the default adapter's weights
+def test_the_default_adapter_reads_no_loop_or_projection_fit_field():
+    """Every field of the projection and loop sections but the projection's switch changed: the default adapter's weights
     and version stay; a field of its own (keep_ridge) changes them."""
     from splavu_core.aam.io import adapter_version
     from splavu_core.aam.config import config_fields
@@ -298,8 +311,8 @@ def test_the_default_adapter_reads_no_loop_or_erasure_fit_field():
     other = {"selection": "last", "epochs": 1, "batch": 7, "lr": 0.5, "head_lr": 0.5, "pretrain_head_epochs": 1,
              "w_lc": 3.0, "w_ar": 0.0, "w_tad": 0.0, "w_ad": 0.0, "w_b": 0.0, "privacy": "ntxent",
              "pairs": "static_static", "temperature": 1.0, "critic_steps": 1, "critic_hidden": 8, "critic_lr": 0.5,
-             "diagnose_points": 1, "erase_w_action": 0.0, "erase_w_temporal": 1.0}
-    assert set(other) == {f.name for s, f, adapter in config_fields() if s and not adapter} - {"erase_fraction"}
+             "diagnose_points": 1, "projection_w_action": 0.0, "projection_w_temporal": 1.0}
+    assert set(other) == {f.name for s, f, adapter in config_fields() if s and not adapter} - {"projection_fraction"}
     data = toy_data()
     base = TrainConfig.from_flat({"heldout_fraction": 0.0})
 
@@ -330,7 +343,7 @@ def test_the_default_fits_without_static_clips_and_what_reads_them_says_so():
         adapter, _, summary = train_aam(dataclasses.replace(data, static=static), TrainConfig(), log=None)
         weights.append(digest(adapter))
     assert weights[0] == weights[1] == weights[2] and summary["diagnostics"] is None
-    for cfg, name in ((TrainConfig().replace(erase_fraction=0.25), "appearance projection"),
+    for cfg, name in ((TrainConfig().replace(projection_fraction=0.25), "appearance projection"),
                       (small_cfg(), "privacy loss")):
         with pytest.raises(TrainingDataError, match=name):
             train_aam(dataclasses.replace(data, static=data.static[:0]), cfg, log=None)

@@ -1,5 +1,5 @@
 """What the anonymizer removes, measured label-free (diagnostics) and by attackers; the oracle's quarantine;
-the erasure stage; the guarantee that training never reads a private-attribute label."""
+the appearance projection stage; the guarantee that training never reads a private-attribute label."""
 import shutil
 
 import numpy as np
@@ -8,13 +8,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from splavu_core.aam.appearance_projection import apply_erasure, fit_erasure
+from splavu_core.aam.appearance_projection import apply_projection, fit_projection
 from splavu_core.aam.diagnostics import heldout_split, pair_matching_report
 from splavu_core.store import ledger
 from splavu_core.store.feature_store import FeatureStore
 
 SMALL = dict(epochs=3, batch=64, pretrain_head_epochs=2, lr=3e-3, tasks=("ar",),
-             adapter={"layers": 1, "heads": 2, "sub_tokens": 4, "token_width": 16, "erase_rank": 4},
+             adapter={"layers": 1, "heads": 2, "sub_tokens": 4, "token_width": 16, "projection_rank": 4},
              privacy="critic", pairs="both", diagnose_points=2, diagnose_steps=60)
 
 
@@ -31,19 +31,19 @@ def toy_videos(n=96, K=6, D=24, n_app=6, seed=0):
     return static.astype(np.float32), [a.astype(np.float32) for a in actions], labels
 
 
-def test_erasure_removes_what_static_clips_share_and_keeps_actions():
+def test_projection_removes_what_static_clips_share_and_keeps_actions():
     static, actions, labels = toy_videos()
     clips, clip_labels = np.concatenate(actions), np.repeat(labels, 4)
-    fit = fit_erasure(static, rank=6, action_clips=clips, action_labels=clip_labels)
-    erased = apply_erasure(fit, clips)
+    fit = fit_projection(static, rank=6, action_clips=clips, action_labels=clip_labels)
+    projected = apply_projection(fit, clips)
     between = lambda x: np.cov(x.reshape(len(static), -1, x.shape[-1]).mean(1), rowvar=False).trace()  # noqa: E731
-    assert between(apply_erasure(fit, static.reshape(-1, static.shape[-1]))) < 0.05 * between(static)
-    centres = np.stack([erased[clip_labels == c].mean(0) for c in range(3)])
+    assert between(apply_projection(fit, static.reshape(-1, static.shape[-1]))) < 0.05 * between(static)
+    centres = np.stack([projected[clip_labels == c].mean(0) for c in range(3)])
     raw_centres = np.stack([clips[clip_labels == c].mean(0) for c in range(3)])
     # action separation survives (the appearance dims carried none of it)
     assert np.linalg.norm(centres[0] - centres[1]) == pytest.approx(np.linalg.norm(raw_centres[0] - raw_centres[1]), rel=0.15)
     with pytest.raises(AssertionError, match="rank"):
-        fit_erasure(static, rank=0)
+        fit_projection(static, rank=0)
 
 
 def test_pair_matching_sees_identity_and_its_removal():
@@ -52,9 +52,9 @@ def test_pair_matching_sees_identity_and_its_removal():
     assert not set(fit_idx) & set(held_idx) and len(held_idx) == 38
     raw = pair_matching_report(static, actions, fit_idx, held_idx, steps=150)
     clips = np.concatenate(actions)
-    erasure = fit_erasure(static, 6, clips, np.repeat(labels, 4))
-    after = pair_matching_report(static, actions, fit_idx, held_idx, transform=lambda x: apply_erasure(erasure, x),
-                                 steps=150)
+    projection = fit_projection(static, 6, clips, np.repeat(labels, 4))
+    after = pair_matching_report(static, actions, fit_idx, held_idx,
+                                 transform=lambda x: apply_projection(projection, x), steps=150)
     assert raw["static_static"] > 0.9 and raw["static_action"] > 0.9      # one video's clips are easy to match
     assert after["static_static"] < 0.3 and after["static_action"] < 0.3   # chance 1/32 ~ 0.03
 
@@ -102,7 +102,7 @@ def test_training_never_reads_private_attribute_labels(store_copy):
     # the diagnostics ran and are in the summary
     d = summary["diagnostics"]
     assert set(d["raw"]) == {"chance", "group", "heldout", "static_static", "static_action"} and len(d["during"]) == 2
-    assert summary["heldout_videos"] >= 6 and summary["erasure"]["rank"] == 4
+    assert summary["heldout_videos"] >= 6 and summary["projection"]["rank"] == 4
 
 
 def test_oracle_is_refused_by_publish_and_promotion(store_copy):
@@ -144,15 +144,15 @@ def test_budget_gates_on_the_weaker_of_closeups_and_action_clips():
     assert ok and "action clips not measured (no attr_* labels)" in why
 
 
-def test_adapter_with_erasure_is_batch_invariant_and_exactly_identity_unfitted():
+def test_adapter_with_projection_is_batch_invariant_and_exactly_identity_unfitted():
     from splavu_core.aam.model import AAMConfig, AnonymizingAdapter
 
-    cfg = AAMConfig(dim=16, layers=1, heads=2, sub_tokens=4, token_width=8, erase_rank=3)
+    cfg = AAMConfig(dim=16, layers=1, heads=2, sub_tokens=4, token_width=8, projection_rank=3)
     a = AnonymizingAdapter(cfg)
     x = torch.randn(10, 16)
-    assert torch.equal(a(x), x)  # zero buffers: the erasure is the identity until fitted
+    assert torch.equal(a(x), x)  # zero buffers: the projection is the identity until fitted
     with torch.no_grad():
-        a.erase.read.normal_(), a.erase.write.normal_()
+        a.projection.read.normal_(), a.projection.write.normal_()
     assert not torch.allclose(a(x), x)
     assert torch.allclose(a(x[:3]), a(x)[:3], atol=1e-6)
-    assert "erase_rank" not in AAMConfig(dim=16, sub_tokens=4).to_dict()  # old adapters keep their version hash
+    assert "projection_rank" not in AAMConfig(dim=16, sub_tokens=4).to_dict()  # old adapters keep their version hash

@@ -213,10 +213,10 @@ def test_pixel_baselines(tiny_bench, tiny_videomae):
     assert out["raw"]["clips"] > 0 and "pixel_blur" in out["change_ratio"]
 
 
-def test_erasure_sweep(store_copy):
-    out = run_bench("erasure_sweep", "--store", store_copy, "--ranks", 8, "--tasks", "ar", "--seeds", 0)  # ar: cheapest
-    assert {"raw", "raw_pair_matching", "erased"} <= set(out)
-    assert [e["rank"] for e in out["erased"]] == [8] and out["erased"][0]["ar"] is not None
+def test_projection_sweep(store_copy):
+    out = run_bench("projection_sweep", "--store", store_copy, "--ranks", 8, "--tasks", "ar", "--seeds", 0)  # cheapest
+    assert {"raw", "raw_pair_matching", "projected"} <= set(out)
+    assert [e["rank"] for e in out["projected"]] == [8] and out["projected"][0]["ar"] is not None
 
 
 def test_keep_sweep(store_copy):

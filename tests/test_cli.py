@@ -76,12 +76,14 @@ def test_fresh_shells_without_dagster_home_share_one_instance(tiny_bench, tiny_v
 
 def test_the_default_instance_folder_is_the_checkouts(monkeypatch):
     """With neither $DAGSTER_HOME nor $SPLAVU_DAGSTER_HOME, the CLI uses the checkout's .dagster_home: the folder the
-    Makefile exports and the README's `dagster dev` line names."""
+    Makefile exports, which `make ui` shows, and the one the docs' `dagster dev` line names."""
     from pipeline import runner
 
     monkeypatch.delenv("SPLAVU_DAGSTER_HOME")
     assert runner.instance_dir() == runner.PROJECT / ".dagster_home"
-    assert "DAGSTER_HOME=$PWD/.dagster_home" in (runner.PROJECT / "README.md").read_text()
+    assert "export DAGSTER_HOME := $(CURDIR)/.dagster_home" in (runner.PROJECT / "Makefile").read_text()
+    assert "make ui" in (runner.PROJECT / "README.md").read_text()
+    assert "DAGSTER_HOME=$PWD/.dagster_home" in (runner.PROJECT / "docs" / "dagster.md").read_text()
 
 
 def test_an_unexpected_error_is_one_line_too(tmp_path, capsys, monkeypatch):

@@ -53,7 +53,8 @@ def launcher_errors(config: dict) -> list[str]:
 def test_instance_configs_are_valid(folder, pg_env):
     config = load_instance(folder)
     assert config["run_coordinator"]["class"] == "QueuedRunCoordinator"
-    assert config["concurrency"]["pools"]["default_limit"] == 1  # the `encoder` pool, README "Running on a cluster"
+    assert config["concurrency"]["pools"]["default_limit"] == 1  # the `encoder` pool, docs/scale-out.md
+    assert config["nux"] == {"enabled": False}  # the UI's sign-up pop-up, which covers every page on first load
     if folder is not REPO:
         assert set(config["storage"]) == {"postgres"}
 
@@ -102,3 +103,47 @@ def test_typos_are_refused_and_named(pg_env, tmp_path):
         engine_config("k8s", k8s)
     with pytest.raises(dg.DagsterInvalidConfigError, match="unknown engine 'kubernetes'"):
         engine_config("kubernetes", k8s)
+
+
+def launchpad_default(job: dg.JobDefinition) -> dict:
+    """The run config the Launchpad opens a job with: the webserver's rootDefaultYaml (dagster_graphql), computed the
+    same way from the job's snapshot."""
+    from dagster._core.snap.snap_to_yaml import default_values_yaml_from_type_snap
+
+    snap = job.get_job_snapshot()
+    schema = snap.config_schema_snapshot
+    return yaml.safe_load(default_values_yaml_from_type_snap(
+        schema, schema.get_config_snap(snap.mode_def_snaps[0].root_config_key)))
+
+
+def test_the_launchpad_shows_which_store_a_run_writes_to():
+    """A field left to its default_factory is not in the job's default run config, so the Launchpad showed no store;
+    the code location states the root, and every job that has the store opens with it, absolute."""
+    from pipeline.definitions import defs
+
+    root = defs.resources["store"].root
+    assert Path(root).is_absolute()
+    jobs = [j for j in defs.get_repository_def().get_all_jobs() if not j.name.startswith("__")]
+    assert {"extract_latents", "forget", "train_aam", "reanonymize"} <= {j.name for j in jobs}
+    for job in jobs:
+        assert launchpad_default(job)["resources"]["store"]["config"]["root"] == root, job.name
+
+
+def test_the_store_default_is_absolute_where_local(monkeypatch, tmp_path):
+    from assets.resources import store_root_default
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPLAVU_STORE", "my_store")
+    assert store_root_default() == str(tmp_path / "my_store")
+    monkeypatch.setenv("SPLAVU_STORE", "s3://bucket/prefix")
+    assert store_root_default() == "s3://bucket/prefix"
+    monkeypatch.delenv("SPLAVU_STORE")
+    assert store_root_default() == str(tmp_path / "store")
+
+
+def test_make_ui_starts_the_webserver_and_the_daemon():
+    """`dagster dev` runs both: a webserver alone leaves a Launchpad run in the queue (QueuedRunCoordinator)."""
+    import subprocess
+
+    out = subprocess.run(["make", "-n", "ui"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert out.splitlines()[-1].split()[:4] == [".venv/bin/dagster", "dev", "-w", "workspace.yaml"], out

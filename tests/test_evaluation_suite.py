@@ -450,14 +450,15 @@ def test_variant_configs():
     assert base.variant_train_config("no_recentre").adapter == {"keep": 11, "layers": 0, "mixer": "mlp", "recentre": False}
     drawn = base.variant_train_config("keep14_draw4_top3").adapter  # anonymizer v6's option, a delta on the default
     assert drawn == {"keep": 14, "layers": 0, "mixer": "mlp", "recentre": True, "recentre_draw": 4.0, "recentre_top": 3}
-    prev = base.variant_train_config("previous_default")  # erasure of half the dims + 2 MLP blocks + critic
-    assert prev.adapter["keep"] == 0 and prev.adapter["layers"] == 2 and prev.projection.erase_fraction == 0.5
-    base = AblationConfig(epochs=5, erase_rank=12, layers=2, heads=4)
-    paper = base.variant_train_config("paper")  # the paper's objective: fixed-cosine NT-Xent, no erasure
-    assert paper.loop.privacy == "ntxent" and paper.adapter["erase_rank"] == 0 and paper.adapter["mixer"] == "attention"
+    prev = base.variant_train_config("previous_default")  # a projection of half the dims + 2 MLP blocks + critic
+    assert prev.adapter["keep"] == 0 and prev.adapter["layers"] == 2 and prev.projection.projection_fraction == 0.5
+    base = AblationConfig(epochs=5, projection_rank=12, layers=2, heads=4)
+    paper = base.variant_train_config("paper")  # the paper's objective: fixed-cosine NT-Xent, no appearance projection
+    assert paper.loop.privacy == "ntxent" and paper.adapter["projection_rank"] == 0 and \
+        paper.adapter["mixer"] == "attention"
     assert paper.adapter["heads"] == 4 and paper.adapter["keep"] == 0  # unnamed fields come from the base config
-    assert base.variant_train_config("loss_no_lb").adapter["erase_rank"] == 0
-    assert base.variant_train_config("erasure_only").adapter["erase_rank"] == 12
+    assert base.variant_train_config("loss_no_lb").adapter["projection_rank"] == 0
+    assert base.variant_train_config("projection_only").adapter["projection_rank"] == 12
     assert base.variant_train_config("oracle").loop.oracle and not base.variant_train_config("loss_all").loop.oracle
     with pytest.raises(ValueError, match="unknown ablation variant"):
         base.variant_train_config("nope")

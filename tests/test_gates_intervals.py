@@ -83,12 +83,12 @@ def save_version(store: FeatureStore, kind: str) -> str:
     from splavu_core.aam import AAMConfig, AnonymizingAdapter, save_adapter
 
     torch.manual_seed(0)
-    cfg = AAMConfig(dim=D, layers=1, heads=2, sub_tokens=2, token_width=4, erase_rank=D - 1 if kind == "eraser" else 0)
+    cfg = AAMConfig(dim=D, layers=1, heads=2, sub_tokens=2, token_width=4, projection_rank=D - 1 if kind == "eraser" else 0)
     adapter = AnonymizingAdapter(cfg)
     with torch.no_grad():
         if kind == "eraser":
-            adapter.erase.read.copy_(torch.eye(D)[:, : D - 1])
-            adapter.erase.write.copy_(torch.eye(D)[:, : D - 1])
+            adapter.projection.read.copy_(torch.eye(D)[:, : D - 1])
+            adapter.projection.write.copy_(torch.eye(D)[:, : D - 1])
         for name, p in adapter.named_parameters():
             if name.endswith("proj.weight") or name.startswith("out."):
                 p.normal_(0, 0.01)

@@ -12,7 +12,7 @@ from splavu_core.aam.keep import apply_keep, apply_recentre, fit_keep, fit_recen
 from splavu_core.store.feature_store import FeatureStore
 from splavu_core.tasks.features import VideoFeatures
 
-KEEP = dict(epochs=2, batch=64, pretrain_head_epochs=1, tasks=("ar",), adapter={"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0},
+KEEP = dict(epochs=2, batch=64, pretrain_head_epochs=1, tasks=("ar",), adapter={"keep": 4, "layers": 0, "mixer": "mlp", "projection_rank": 0},
             diagnose_points=1, diagnose_steps=30)
 # fit_keep's weights for the tests of the fit itself: the task scatter alone, barely shrunk
 BARE = dict(w_motion=0.0, w_app=0.0, ridge=1e-3, tad_phases=3, w_dynamic=0.0)
@@ -211,15 +211,15 @@ def test_recentring_adapter_is_per_video_and_matches_the_curves_fit(tiny_store, 
 
 
 @pytest.mark.parametrize("adapter,extra", [
-    ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0}, {}),
-    ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0, "recentre": True}, {"recentre_cluster_clips": 16}),
-    ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0, "recentre": True}, {"recentre_on": "classes"}),
-    ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0, "recentre": True, "recentre_draw": 4.0},
+    ({"keep": 4, "layers": 0, "mixer": "mlp", "projection_rank": 0}, {}),
+    ({"keep": 4, "layers": 0, "mixer": "mlp", "projection_rank": 0, "recentre": True}, {"recentre_cluster_clips": 16}),
+    ({"keep": 4, "layers": 0, "mixer": "mlp", "projection_rank": 0, "recentre": True}, {"recentre_on": "classes"}),
+    ({"keep": 4, "layers": 0, "mixer": "mlp", "projection_rank": 0, "recentre": True, "recentre_draw": 4.0},
      {"recentre_cluster_clips": 16}),
-    ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0}, {"keep_w_dynamic": 1.0, "keep_w_app": 1.0}),
-    ({"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0, "recentre": True, "recentre_draw": 4.0, "recentre_top": 2},
+    ({"keep": 4, "layers": 0, "mixer": "mlp", "projection_rank": 0}, {"keep_w_dynamic": 1.0, "keep_w_app": 1.0}),
+    ({"keep": 4, "layers": 0, "mixer": "mlp", "projection_rank": 0, "recentre": True, "recentre_draw": 4.0, "recentre_top": 2},
      {"keep_w_app": 3.0, "keep_app_within": True, "recentre_cluster_clips": 16}),
-    ({"keep": 4, "layers": 1, "mixer": "mlp", "hidden": 16, "erase_rank": 4}, {})])
+    ({"keep": 4, "layers": 1, "mixer": "mlp", "hidden": 16, "projection_rank": 4}, {})])
 def test_keep_training_never_reads_private_attribute_labels(tiny_store, tmp_path, adapter, extra):
     from splavu_core.aam.io import adapter_version
     from splavu_core.aam.config import TrainConfig
@@ -256,7 +256,7 @@ def test_a_keep_adapter_publishes_k_wide_tables_end_to_end(tiny_store, tmp_path,
     shutil.copytree(tiny_store, root)
     store = FeatureStore(root)
     res = dg.materialize([aam_model], resources={"store": StoreResource(root=str(root))}, run_config={"ops": {
-        "aam_model": {"config": {"keep": 4, "layers": 0, "mixer": "mlp", "erase_rank": 0, "tasks": ["ar"], "diagnose_steps": 30}}}})
+        "aam_model": {"config": {"keep": 4, "layers": 0, "mixer": "mlp", "projection_rank": 0, "tasks": ["ar"], "diagnose_steps": 30}}}})
     version = res.asset_materializations_for_node("aam_model")[0].metadata["version"].value
     info = anonymize_shard(store, "ar-000", root / "aam" / version)
     assert info["dim"] == 4 and info["rows"] > 0

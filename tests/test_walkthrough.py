@@ -1,4 +1,4 @@
-"""The README's "Your own videos" walk-through, line by line, through the CLI's main(): datasets under
+"""The tutorial's "Your own videos" walk-through (docs/tutorial.md; the README shows the same lines), line by line, through the CLI's main(): datasets under
 non-default names with roles, training with AR data only, evaluation, no config file, no traceback."""
 import re
 import shlex
@@ -11,12 +11,12 @@ from pipeline.cli import main
 from splavu_core.extract.sampling import ClipSampling
 from splavu_core.store.feature_store import FeatureStore
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+TUTORIAL = Path(__file__).resolve().parents[1] / "docs" / "tutorial.md"
 
 
 def walkthrough_lines() -> list[list[str]]:
-    text = README.read_text()
-    section = text[text.index("## Your own videos, start to finish"):]
+    text = TUTORIAL.read_text()
+    section = text[text.index("## 3. Your own videos, start to finish"):]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     lines = [shlex.split(line) for line in block.splitlines() if line.strip()]
     assert lines[0] == ["source", ".venv/bin/activate"]  # `make setup` leaves splavu in .venv/bin, off the PATH

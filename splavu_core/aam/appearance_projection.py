@@ -1,4 +1,4 @@
-"""Closed-form, label-free erasure of the directions in which a video's *appearance* lives.
+"""Closed-form, label-free removal of the directions in which a video's *appearance* lives: the appearance projection.
 
 Two static clips of one video share who and where (skin, clothes, face, scene) and nothing temporal.
 So appearance is what varies *between* videos' static clips but not *within* a video's static clips:
@@ -27,7 +27,7 @@ import numpy as np
 
 
 @dataclass
-class ErasureFit:
+class ProjectionFit:
     mean: np.ndarray        # (D,)
     read: np.ndarray        # (D, k)
     write: np.ndarray       # (D, k)
@@ -39,9 +39,9 @@ def _sym_power(m: np.ndarray, p: float) -> np.ndarray:
     return (v * np.clip(w, 1e-12, None) ** p) @ v.T
 
 
-def fit_erasure(static: np.ndarray, rank: int, action_clips: np.ndarray | None = None,
-                action_labels: Sequence | None = None, w_action: float = 1.0, ridge: float = 1e-3,
-                video_clips: Sequence[np.ndarray] = (), w_temporal: float = 0.0) -> ErasureFit:
+def fit_projection(static: np.ndarray, rank: int, action_clips: np.ndarray | None = None,
+                   action_labels: Sequence | None = None, w_action: float = 1.0, ridge: float = 1e-3,
+                   video_clips: Sequence[np.ndarray] = (), w_temporal: float = 0.0) -> ProjectionFit:
     """static: (V, K, D) static clips of training videos; action_clips (N, D) + labels (N,): optional;
     video_clips: each training video's moving clips (n_i, D), in order (videos with one clip add nothing)."""
     assert static.ndim == 3 and static.shape[1] >= 2, f"need (V, K>=2, D) static clips, got {static.shape}"
@@ -67,9 +67,9 @@ def fit_erasure(static: np.ndarray, rank: int, action_clips: np.ndarray | None =
     w, u = np.linalg.eigh(inv_half @ s_app @ inv_half)
     order = np.argsort(w)[::-1]
     u = u[:, order[:rank]]                                               # (D, k) orthonormal in z-space
-    return ErasureFit(mean=mu.astype(np.float32), read=(inv_half @ u).astype(np.float32),
-                      write=(half @ u).astype(np.float32), eigenvalues=w[order])
+    return ProjectionFit(mean=mu.astype(np.float32), read=(inv_half @ u).astype(np.float32),
+                         write=(half @ u).astype(np.float32), eigenvalues=w[order])
 
 
-def apply_erasure(fit: ErasureFit, x: np.ndarray) -> np.ndarray:
+def apply_projection(fit: ProjectionFit, x: np.ndarray) -> np.ndarray:
     return (x - ((x - fit.mean) @ fit.read) @ fit.write.T).astype(np.float32)

@@ -18,16 +18,16 @@ from splavu_core.tasks.features import VideoFeatures
 def fit_appearance_projection(data: TrainingData, fit_idx: np.ndarray, rank: int, w_action: float = 1.0,
                               w_temporal: float = 0.0):
     """The appearance projection as aam_model fits it: the fit videos' static clips against the AR classes' spread
-    (and, with w_temporal, the training videos' within-video spread). Returns an appearance_projection.ErasureFit."""
-    from splavu_core.aam.appearance_projection import fit_erasure
+    (and, with w_temporal, the training videos' within-video spread). Returns an appearance_projection.ProjectionFit."""
+    from splavu_core.aam.appearance_projection import fit_projection
 
     clips = labels = None
     if data.ar_train and w_action > 0:
         clips = np.concatenate([v.feats for v in data.ar_train])
         labels = np.concatenate([[v.meta["action"]] * len(v.feats) for v in data.ar_train])
     videos = [v.feats for v in data.ar_train + data.tad_train + data.ad_train]
-    return fit_erasure(data.static[fit_idx], rank, clips, labels, w_action=w_action, video_clips=videos,
-                       w_temporal=w_temporal)
+    return fit_projection(data.static[fit_idx], rank, clips, labels, w_action=w_action, video_clips=videos,
+                          w_temporal=w_temporal)
 
 
 def fit_utility_keep(data: TrainingData, tasks, k: int, cfg: TrainConfig, transform=None):
@@ -158,10 +158,10 @@ def fit_keep_into(adapter, data: TrainingData, cfg: TrainConfig, log) -> dict:
     """The keep stage (fit_utility_keep, after the adapter's own projection when it has one), installed into the
     adapter; returns its record (k, tasks, the leading eigenvalues)."""
     transform = None
-    if adapter.erase is not None:  # the keep stage sees what the adapter's own (fitted) projection leaves
+    if adapter.projection is not None:  # the keep stage sees what the adapter's own (fitted) projection leaves
         def transform(x):
             with torch.no_grad():
-                return adapter.erase(torch.from_numpy(np.ascontiguousarray(x, np.float32))).numpy()
+                return adapter.projection(torch.from_numpy(np.ascontiguousarray(x, np.float32))).numpy()
     k = adapter.cfg.keep
     fit = fit_utility_keep(data, cfg.tasks, k, cfg, transform)
     _load_buffers(adapter.keep, mean=fit.mean, proj=fit.proj)
@@ -205,9 +205,10 @@ def fit_recentre_into(adapter, stage, data: TrainingData, cfg: TrainConfig, log)
 def fit_projection_into(adapter, data: TrainingData, fit_idx: np.ndarray, cfg: TrainConfig, log) -> dict:
     """The appearance projection (fit_appearance_projection on the fit videos), installed into the adapter; returns its
     record (rank, the leading eigenvalues)."""
-    rank = adapter.cfg.erase_rank
-    fit = fit_appearance_projection(data, fit_idx, rank, cfg.projection.erase_w_action, cfg.projection.erase_w_temporal)
-    _load_buffers(adapter.erase, mean=fit.mean, read=fit.read, write=fit.write)
+    rank = adapter.cfg.projection_rank
+    fit = fit_appearance_projection(data, fit_idx, rank, cfg.projection.projection_w_action,
+                                    cfg.projection.projection_w_temporal)
+    _load_buffers(adapter.projection, mean=fit.mean, read=fit.read, write=fit.write)
     ev = fit.eigenvalues
     if log:
         log(f"appearance projection: removed {rank} appearance directions (ratio {ev[0]:.2f} .. {ev[rank - 1]:.2f}; "

@@ -9,7 +9,8 @@ import copy
 import dataclasses
 from dataclasses import asdict, dataclass, field
 
-from splavu_core.aam.model import DEFAULT_ADAPTER, AAMConfig, documented
+from splavu_core.aam.model import DEFAULT_ADAPTER, AAMConfig, documented, under_names_now
+from splavu_core.aam.model import RENAMED as ADAPTER_RENAMED
 
 TASKS = ("ar", "tad", "ad")
 RECENTRE_ON = ("clips", "classes")  # recentring's centroids: label-free k-means of clips, or the trained classes
@@ -18,15 +19,24 @@ PAIRS = ("static_static", "static_action", "both")
 OPERATING_POINTS = ("rule", "as_given")
 
 
+# Flat fields renamed since train configs were first stored: {name now: name before}. "erase_*" named the appearance
+# projection while "erasure" also named the deletion of a person (`splavu forget`); only the latter keeps the word.
+# What reads a stored record (TrainConfig.from_flat, renamed_to_current) accepts the name before; what a user types
+# (the CLI's --config, Dagster's run config) takes only the name now and is told it (assets/aam.py).
+RENAMED = {"projection_fraction": "erase_fraction", "projection_w_action": "erase_w_action",
+           "projection_w_temporal": "erase_w_temporal"}
+
+
 @dataclass
 class ProjectionConfig:
     """The closed-form appearance projection (aam/appearance_projection.py), a stage before keep or the trained
-    blocks. Off by default (erase_fraction 0); on in the previous default and the keep_after_erasure variant. Its
-    flat field names (erase_*) stay: stored train_config records and adapter configs name them."""
-    erase_fraction: float = documented(0.0, "projection rank = round(fraction * D), unless adapter sets erase_rank")
-    erase_w_action: float = documented(1.0, "projection fit: weight of the action-class scatter it must keep")
-    erase_w_temporal: float = documented(0.0, "projection fit: weight of the within-video (over time) scatter it must "
-                                         "keep")
+    blocks. Off by default (projection_fraction 0); on in the previous default and the keep_after_projection
+    variant."""
+    projection_fraction: float = documented(0.0, "projection rank = round(fraction * D), unless adapter sets "
+                                            "projection_rank")
+    projection_w_action: float = documented(1.0, "projection fit: weight of the action-class scatter it must keep")
+    projection_w_temporal: float = documented(0.0, "projection fit: weight of the within-video (over time) scatter "
+                                              "it must keep")
 
 
 @dataclass
@@ -121,8 +131,9 @@ class TrainConfig:
 
     @classmethod
     def from_flat(cls, fields: dict) -> TrainConfig:
-        """From flat field names (the CLI's --config, a stored train_config), each routed to its section."""
-        return cls().replace(**fields)
+        """From flat field names (the CLI's --config, a stored train_config), each routed to its section; a record
+        stored before a rename (RENAMED, and the adapter's model.RENAMED) reads as under the names now."""
+        return cls().replace(**renamed_to_current(fields))
 
     def replace(self, **fields) -> TrainConfig:
         """A copy with flat-named fields changed: dataclasses.replace on the section that holds each."""
@@ -134,13 +145,27 @@ class TrainConfig:
                     for s in _SECTIONS}
         return dataclasses.replace(self, **top, **sections)
 
-    def flat(self) -> dict:
+    def flat(self, names_before: bool = False) -> dict:
         """Every field by its flat name: what adapter.json's extra.train_config and the ablation records store, laid
-        out as before the sections, so records written before read the same (tests/test_aam_train.py)."""
+        out as before the sections, so records written before read the same (tests/test_aam_train.py).
+        names_before: renamed fields (and the adapter's) under the name they had, as the ablations' cache keys hash
+        them, so a rename does not invalidate the records cached under those keys."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _SECTIONS}
         for s in _SECTIONS:
             out.update(asdict(getattr(self, s)))
+        if names_before:
+            out = {RENAMED.get(k, k): v for k, v in out.items()}
+            out["adapter"] = {ADAPTER_RENAMED.get(k, k): v for k, v in out["adapter"].items()}
         return copy.deepcopy(out)
+
+
+def renamed_to_current(fields: dict) -> dict:
+    """Flat training fields as a record stored them, under the names now: a field renamed since (RENAMED) and, inside
+    `adapter`, an adapter field renamed since (model.RENAMED) take their new name."""
+    out = under_names_now(fields, RENAMED, "training fields")
+    if isinstance(out.get("adapter"), dict):
+        out["adapter"] = under_names_now(out["adapter"], ADAPTER_RENAMED, "training fields (adapter)")
+    return out
 
 
 _SECTIONS = ("projection", "loop")

@@ -29,7 +29,7 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 from safetensors.torch import save_file
 
-from splavu_core.aam.model import AAMConfig, AnonymizingAdapter
+from splavu_core.aam.model import RENAMED_STAGES, AAMConfig, AnonymizingAdapter
 from splavu_core.store.fs import is_url, open_root
 
 FORMAT = "splavu-aam/1"
@@ -68,6 +68,11 @@ def _canonical_json(obj) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
+def _renamed(name: str, renames: dict[str, str]) -> str:
+    """A state-dict key with its stage's prefix renamed by `renames` ({prefix: prefix}); other keys as they are."""
+    return next((to + name[len(prefix):] for prefix, to in renames.items() if name.startswith(prefix)), name)
+
+
 def _content_hash(tensors: dict[str, torch.Tensor], config: AAMConfig, encoder_fingerprint: str) -> str:
     h = hashlib.sha256()
 
@@ -75,9 +80,10 @@ def _content_hash(tensors: dict[str, torch.Tensor], config: AAMConfig, encoder_f
         h.update(len(b).to_bytes(8, "little"))
         h.update(b)
 
-    for name in sorted(tensors):
-        t = tensors[name].detach().cpu().contiguous()
-        feed(name.encode())
+    before = {_renamed(name, RENAMED_STAGES): name for name in tensors}  # a renamed stage leaves versions as they were
+    for name_before in sorted(before):
+        t = tensors[before[name_before]].detach().cpu().contiguous()
+        feed(name_before.encode())
         feed(str(t.dtype).encode())
         feed(_canonical_json(list(t.shape)))
         feed(t.reshape(-1).view(torch.uint8).numpy().tobytes())  # raw bytes, any dtype (little-endian hosts)
@@ -188,8 +194,9 @@ def load_adapter(path: str | os.PathLike, device: str | torch.device = "cpu",
             f"does not match the recorded version {meta['version']!r}: the adapter is corrupted or was edited")
 
     adapter = AnonymizingAdapter(config)
+    now = {before: now for now, before in RENAMED_STAGES.items()}  # adapters saved before a stage was renamed
     try:
-        adapter.load_state_dict(tensors, strict=True)
+        adapter.load_state_dict({_renamed(k, now): v for k, v in tensors.items()}, strict=True)
     except RuntimeError as e:
         raise ValueError(f"{weights_path}: tensors do not fit the config in {META_FILE} ({e})") from e
     return adapter.to(device).eval(), config, meta

@@ -1,8 +1,8 @@
 """Keep what the tasks need: a closed-form, k-dimensional subspace fitted from utility labels only.
 
-The erasure (erasure.py) looks for appearance and removes it; on this encoder appearance is spread over
-nearly every direction and read non-linearly, so removal has little room. The keep family does the dual:
-publish only the k directions that carry the most *utility* per unit of everything else.
+The appearance projection (appearance_projection.py) looks for appearance and removes it; on this encoder
+appearance is spread over nearly every direction and read non-linearly, so removal has little room. The keep family
+does the dual: publish only the k directions that carry the most *utility* per unit of everything else.
 
     S_util = sum_t  S_t / tr(S_t)            between-class scatter of each co-trained task t:
                                              ar: action classes of the AR training clips

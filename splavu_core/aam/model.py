@@ -28,12 +28,26 @@ from splavu_core.aam.keep import clip_uniforms
 
 # Fields added after the first stored adapters, with the value those adapters had: a stored config omits
 # them at that value (to_dict), and reading fills them back (from_dict), so defaults below may change.
-FORMAT1_VALUES = {"erase_rank": 0, "oracle": False, "mixer": "attention", "hidden": 256, "keep": 0,
+FORMAT1_VALUES = {"projection_rank": 0, "oracle": False, "mixer": "attention", "hidden": 256, "keep": 0,
                   "recentre": False, "centroids": 0, "recentre_clips": False, "recentre_draw": 0.0,
                   "recentre_top": 0}
 # Fields renamed since adapters were first stored: {name now: name before}. Reading accepts either; the content hash
-# (aam/io.py) reads the name before, so a version's id does not change with the name.
-RENAMED = {"centroids": "classes"}
+# (aam/io.py) reads the name before, so a version's id does not change with the name. "erase_rank" named the appearance
+# projection's rank while "erasure" also named the deletion of a person (`splavu forget`); only the latter keeps it.
+RENAMED = {"centroids": "classes", "projection_rank": "erase_rank"}
+# Stages renamed since adapters were first stored, as state-dict key prefixes: {prefix now: prefix before}. Loading
+# accepts either; the content hash reads the prefix before (aam/io.py).
+RENAMED_STAGES = {"projection.": "erase."}
+
+
+def under_names_now(d: dict, renamed: dict[str, str], what: str) -> dict:
+    """`d` with each key renamed since (`renamed`: {name now: name before}) under its name now; a record holding both
+    names of one key is refused (ValueError naming `what`)."""
+    now = {before: name for name, before in renamed.items()}
+    both = [old for old in now if old in d and now[old] in d]
+    if both:
+        raise ValueError(f"{what}: both {both} and their new names {[now[o] for o in both]}")
+    return {now.get(k, k): v for k, v in d.items()}
 
 
 # The adapter `aam_model` trains unless told otherwise (TrainConfig.adapter, the CLI, Dagster): the keep
@@ -42,8 +56,8 @@ RENAMED = {"centroids": "classes"}
 # recentring were chosen). AAMConfig's own defaults below are the paper's
 # architecture, for adapters built by hand.
 DEFAULT_ADAPTER = {"keep": 11, "layers": 0, "mixer": "mlp", "recentre": True}
-# The previous default (with TrainConfig erase_fraction 0.5: an erasure of half the dimensions, then 2 residual
-# MLP blocks trained with the learned critic), kept as a named variant
+# The previous default (with TrainConfig projection_fraction 0.5: an appearance projection removing half the dimensions,
+# then 2 residual MLP blocks trained with the learned critic), kept as a named variant
 PREVIOUS_DEFAULT_ADAPTER = {"keep": 0, "layers": 2, "mixer": "mlp", "hidden": 256, "recentre": False}
 
 
@@ -68,8 +82,8 @@ class AAMConfig:
                            section="loop")
     clip_context: bool = documented(False, "also attend over the video's own clips; then anonymizing needs whole "
                                     "videos", section="loop")
-    erase_rank: int = documented(0, "k: a fitted linear projection removing k appearance directions runs first "
-                                 "(0 = none)", section="projection")
+    projection_rank: int = documented(0, "k: a fitted linear projection removing k appearance directions runs first "
+                                      "(0 = none)", section="projection")
     mixer: str = documented("attention", "residual blocks: \"attention\" (sub-token attention) or \"mlp\" (per "
                             "clip; keep needs it)", section="loop")
     hidden: int = documented(256, "width of an \"mlp\" block (D -> hidden -> D)", section="loop")
@@ -122,8 +136,8 @@ class AAMConfig:
                              f"{self.recentre_top}, recentre_clips={self.recentre_clips}")
         if not self.recentre and self.centroids:
             raise ValueError(f"AAMConfig.centroids={self.centroids} without recentre: nothing would read them")
-        if not 0 <= self.erase_rank < self.dim:
-            raise ValueError(f"AAMConfig.erase_rank must be in [0, dim={self.dim}), got {self.erase_rank}")
+        if not 0 <= self.projection_rank < self.dim:
+            raise ValueError(f"AAMConfig.projection_rank must be in [0, dim={self.dim}), got {self.projection_rank}")
         if self.dim % self.sub_tokens:
             divisors = [s for s in range(1, self.dim + 1) if self.dim % s == 0]
             raise ValueError(f"AAMConfig.sub_tokens={self.sub_tokens} must divide dim={self.dim} "
@@ -151,11 +165,7 @@ class AAMConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "AAMConfig":
-        before = {old: new for new, old in RENAMED.items()}
-        both = [old for old in before if old in d and before[old] in d]
-        if both:
-            raise ValueError(f"AAMConfig.from_dict: both {both} and their new names {[before[o] for o in both]}")
-        d = {before.get(k, k): v for k, v in d.items()}  # adapters stored before a rename name the field as it was
+        d = under_names_now(d, RENAMED, "AAMConfig.from_dict")  # adapters stored before a rename: the name as it was
         unknown = set(d) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"AAMConfig.from_dict: unknown keys {sorted(unknown)} (written by a newer version?)")
@@ -237,17 +247,17 @@ class Block(nn.Module):
         return h
 
 
-class Erasure(nn.Module):
+class AppearanceProjection(nn.Module):
     """e(x) = x - ((x - mu) R) L^T: an oblique projection that removes k directions (rank-k update).
 
-    Fitted in closed form (`aam.appearance_projection.fit_erasure`), then frozen: buffers, not parameters. All zeros
+    Fitted in closed form (`aam.appearance_projection.fit_projection`), then frozen: buffers, not parameters. All zeros
     (unfitted) is exactly the identity. Linear and per clip, so it treats a static clip and a moving clip
     alike: it cannot learn to scramble only the clips the privacy loss looks at."""
 
     def __init__(self, dim: int, rank: int):
         super().__init__()
         self.register_buffer("mean", torch.zeros(dim))       # (D,)
-        self.register_buffer("read", torch.zeros(dim, rank))  # R: (D, k) reads the erased coordinates
+        self.register_buffer("read", torch.zeros(dim, rank))  # R: (D, k) reads the removed coordinates
         self.register_buffer("write", torch.zeros(dim, rank)) # L: (D, k) where they live in feature space
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., D)
@@ -256,7 +266,7 @@ class Erasure(nn.Module):
 
 class Keep(nn.Module):
     """k(x) = (x - mu) P: the fitted k-dim utility subspace (`aam.keep.fit_keep`), frozen buffers.
-    Linear and per clip, like the erasure; all zeros until fitted."""
+    Linear and per clip, like the appearance projection; all zeros until fitted."""
 
     def __init__(self, dim: int, k: int):
         super().__init__()
@@ -309,7 +319,7 @@ class AnonymizingAdapter(nn.Module):
     """f_A: (B, T, D) videos x clips [+ (B, T) bool padding mask, True = real clip] or (N, D) lone clips
     -> same shape. Padded clips are returned unchanged and never influence real ones.
 
-    f_A(x) = e(x) + delta(e(x)): an optional fitted linear erasure e, then the residual attention branch.
+    f_A(x) = e(x) + delta(e(x)): an optional fitted linear appearance projection e, then the residual attention branch.
     With cfg.keep = k: f_A(x) = y + delta(y), y = k(e(x)) the fitted utility subspace, delta residual MLPs
     in k dims: output (..., k), and padded clips come back as zeros."""
 
@@ -317,7 +327,7 @@ class AnonymizingAdapter(nn.Module):
         super().__init__()
         self.cfg = cfg
         S, C, W = cfg.sub_tokens, cfg.sub_dim, cfg.token_width
-        self.erase = Erasure(cfg.dim, cfg.erase_rank) if cfg.erase_rank else None
+        self.projection = AppearanceProjection(cfg.dim, cfg.projection_rank) if cfg.projection_rank else None
         self.keep = Keep(cfg.dim, cfg.keep) if cfg.keep else None
         self.recentre = Recentre(cfg.keep, cfg.centroids, cfg.recentre_clips, cfg.recentre_draw, cfg.recentre_top) \
             if cfg.recentre else None
@@ -332,10 +342,10 @@ class AnonymizingAdapter(nn.Module):
         nn.init.zeros_(self.out.bias)
 
     def fixed_stages(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The frozen linear stages alone (erasure, then keep): what the trained blocks start from.
+        """The frozen linear stages alone (appearance projection, then keep): what the trained blocks start from.
         (..., D) -> (..., out); padded clips (mask False) come back as zeros."""
-        if self.erase is not None:
-            x = self.erase(x)
+        if self.projection is not None:
+            x = self.projection(x)
         x = x if self.keep is None else self.keep(x)
         return x if mask is None else torch.where(mask[..., None], x, 0.0)
 
@@ -358,8 +368,8 @@ class AnonymizingAdapter(nn.Module):
         u = None
         if self.recentre is not None and self.recentre.draw:  # (B, T): one uniform per clip, keyed by its bytes
             u = torch.from_numpy(clip_uniforms(x_in.detach().to(torch.float32).cpu().numpy()))
-        if self.erase is not None:
-            x_in = self.erase(x_in)
+        if self.projection is not None:
+            x_in = self.projection(x_in)
             x = x_in if mask is None else torch.where(mask[..., None], x_in, x)
         if self.keep is not None:
             x_in = self.keep(x_in)                                   # (B, T, k)

@@ -175,8 +175,8 @@ class _Oracle:
 
 def train_loop(adapter: AnonymizingAdapter, data: TrainingData, cfg: TrainConfig, fit_idx: np.ndarray,
                held_idx: np.ndarray, diagnose: bool, lc_scale: float, log) -> dict:
-    """The epochs of the joint step on the adapter's trainable stage (its fitted erasure and keep stages stay frozen;
-    recentring is fitted after, by the caller, on what the selected epoch publishes). Loads the selected epoch's
+    """The epochs of the joint step on the adapter's trainable stage (its fitted appearance projection and keep stages
+    stay frozen; recentring is fitted after, by the caller, on what the selected epoch publishes). Loads the selected epoch's
     weights and leaves the adapter in eval mode. lc_scale: the LC term's normaliser.
 
     Returns {"history": per-epoch losses and validation metrics, "selected_epoch", "seconds" (of the epochs, unrounded),
@@ -216,7 +216,7 @@ def train_loop(adapter: AnonymizingAdapter, data: TrainingData, cfg: TrainConfig
             else:
                 h = pool[torch.randint(len(pool), (loop.batch,), generator=gen)]
             z = adapter(h)                                          # (B, D)
-            target = adapter.fixed_stages(h).detach()               # consistency with the erased / kept space
+            target = adapter.fixed_stages(h).detach()               # consistency with the projected / kept space
             parts["lc"] = F.mse_loss(z, target) / lc_scale
             if "ar" in cfg.tasks:
                 parts["ar"] = F.cross_entropy(ar_head(z), y_ar[idx])

@@ -4,7 +4,7 @@ The default adapter (DEFAULT_ADAPTER) is a closed form, fitted with no step of g
 the keep stage publishes the k directions of the latents that carry the most utility (the fitted tasks' labels and
 the training videos' motion) per unit of everything else (aam/keep.py); recentring then replaces each video's kept mean
 by its expected centroid among k-means clusters of the training clips, or the trained classes (recentre_on). The
-appearance projection (erase_fraction > 0) runs first when asked for. No private-attribute label is read.
+appearance projection (projection_fraction > 0) runs first when asked for. No private-attribute label is read.
 
 Only an adapter with a trained stage (AAMConfig layers > 0, and loop epochs > 0) enters the paper's joint training loop
 (aam/paper_loop.py: its loss), after the closed-form stages and before recentring.
@@ -26,10 +26,10 @@ from splavu_core.aam.training_data import TrainingData, TrainingDataError, check
 
 
 def adapter_config(data: TrainingData, cfg: TrainConfig, log) -> AAMConfig:
-    """cfg.adapter with what training derives from the data: dim, the projection rank (from erase_fraction, unless the
-    adapter sets it) and recentring's centroids (recentring off when there are fewer than 2)."""
+    """cfg.adapter with what training derives from the data: dim, the projection rank (from projection_fraction,
+    unless the adapter sets it) and recentring's centroids (recentring off when there are fewer than 2)."""
     adapter_kw = dict(cfg.adapter)
-    adapter_kw.setdefault("erase_rank", int(round(cfg.projection.erase_fraction * data.dim)))
+    adapter_kw.setdefault("projection_rank", int(round(cfg.projection.projection_fraction * data.dim)))
     if adapter_kw.get("recentre"):  # on classes: the trained actions' (+ AD's); without task 'ar' there are none
         centroids = n_centroids(data, cfg.tasks, cfg)               # what fit_recentre will find
         if centroids >= 2:
@@ -51,8 +51,8 @@ def adapter_config(data: TrainingData, cfg: TrainConfig, log) -> AAMConfig:
 
 
 def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[AnonymizingAdapter, AAMConfig, dict]:
-    """Returns the fitted adapter, its config, and a summary: the closed-form fits (erasure, keep, recentre), and for a
-    trained adapter the history of per-epoch losses and validation metrics and the selected epoch.
+    """Returns the fitted adapter, its config, and a summary: the closed-form fits (appearance projection, keep,
+    recentre), and for a trained adapter the history of per-epoch losses and validation metrics and the selected epoch.
 
     summary["diagnostics"]: fresh-critic pair matching on held-out videos before (raw) and after the adapter,
     during training and for the selected adapter (aam.diagnostics)."""
@@ -70,7 +70,7 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
         fit_idx, held_idx = heldout_split(n_static, cfg.heldout_fraction, cfg.seed, minimum=min(32, n_static // 4))
     else:
         fit_idx, held_idx = np.arange(n_static), np.arange(0)
-    projection = fit_projection_into(adapter, data, fit_idx, cfg, log) if acfg.erase_rank else None
+    projection = fit_projection_into(adapter, data, fit_idx, cfg, log) if acfg.projection_rank else None
     keep = fit_keep_into(adapter, data, cfg, log) if acfg.keep else None
     # recentring is per video and fitted on what the other stages publish: trained blocks learn on lone clips
     # without it, and it is fitted after them (below)
@@ -103,10 +103,9 @@ def train_aam(data: TrainingData, cfg: TrainConfig, log=print) -> tuple[Anonymiz
                 + ", ".join(f"{k} {diag['raw'][k]:.3f} -> {diag['selected'][k]:.3f}"
                             for k in diag["raw"] if k != "chance"))
     history, best = run["history"], run["selected_epoch"]
-    # the projection's record keeps its key "erasure": the summary is saved in adapter.json (extra)
     seconds = round(run["seconds"] + time.perf_counter() - t0, 2)  # the epochs, recentring and the last diagnostics
     return adapter, acfg, {
         "selected_epoch": best, "history": history, "seconds": seconds, "lc_scale": scale,
-        "train_config": cfg.flat(), "erasure": projection, "keep": keep, "diagnostics": diag if diagnose else None,
+        "train_config": cfg.flat(), "projection": projection, "keep": keep, "diagnostics": diag if diagnose else None,
         "heldout_videos": int(len(held_idx)), "final": history[best - 1] if best else {},
         "parameters": sum(p.numel() for p in adapter.parameters())}

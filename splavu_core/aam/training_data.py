@@ -39,7 +39,7 @@ def static_clip_readers(cfg: TrainConfig) -> list[str]:
     out = []
     if cfg.adapter.get("layers", 0) and cfg.loop.epochs > 0:
         out.append("the paper's privacy loss (trained layers)")
-    if cfg.projection.erase_fraction > 0 or cfg.adapter.get("erase_rank"):
+    if cfg.projection.projection_fraction > 0 or cfg.adapter.get("projection_rank"):
         out.append("the appearance projection")
     if cfg.keep_w_app > 0 or cfg.keep_w_dynamic > 0:
         out.append("the keep fit's appearance / dynamic terms")

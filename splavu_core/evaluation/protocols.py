@@ -13,7 +13,7 @@ Probes (fixed on raw features of the demo store before any anonymizer was scored
   L-BFGS); detections = runs of clips above each of 9 probability thresholds, scored by their mean probability,
   soft-NMS per class; mAP over tIoU 0.3:0.1:0.7. Chance: the same detections scored against the ground truth of
   other test videos. (The trained TADHead, `temporal_detection_head`, scored higher, 0.44, but its seed sd was
-  0.014-0.026 mAP on the demo store: see docs/evaluation.md.)
+  0.014-0.026 mAP on the demo store: see docs/history.md.)
 - AD: per-clip logistic scorer trained on video labels only (every clip of an anomalous training video is
   a positive bag member; a linear model fitted to the bag labels ranks anomalous clips highest), standardised,
   L2, full-batch L-BFGS; frame-level ROC AUC. Chance 0.5.

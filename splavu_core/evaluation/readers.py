@@ -14,7 +14,7 @@ paired with itself on the table under test (scoring.py): the judge never depends
     ad   linear   per-clip logistic scorer on video labels (protocols.anomaly_detection; convex)
          mlp      per-clip D -> 128 -> 1 MLP on the same video labels, AdamW 1e-3 / wd 5e-4, 100 full-batch epochs;
                   frame AUC of its clip scores. (A MIL head, ADHead with the top-k MIL loss, was tried: its seeds
-                  spread by 0.15 AUC on the demo's raw features, so it cannot judge; docs/evaluation.md.)
+                  spread by 0.15 AUC on the demo's raw features, so it cannot judge; docs/history.md.)
 
 Every reader runs with the same seeds; one Scored per task carries each reader's headline as `<metric>[<reader>]`
 and the plain metric names of the strongest reader on THIS table (details["strongest"]); `judged_by` rebinds

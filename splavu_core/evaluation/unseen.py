@@ -19,6 +19,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from splavu_core.aam.config import TrainConfig
+from splavu_core.aam.model import AAMConfig
 from splavu_core.evaluation import trivial
 from splavu_core.evaluation.keep_curve import family_sets, heldout_classes, load_inputs
 from splavu_core.evaluation.scoring import score_sets
@@ -43,12 +44,12 @@ def version_config(store: FeatureStore, version: str) -> TrainConfig:
 
 
 def closed_form_why_not(store: FeatureStore, version: str) -> str | None:
-    """None when `version` is a closed-form configuration (keep k, layers 0, no erasure) that refits in seconds;
-    else why the unseen-task protocols do not refit it."""
-    c = store.files.read_json(f"aam/{version}/adapter.json")["config"]
-    if not c.get("keep") or c.get("layers", 0) or c.get("erase_rank", 0):
-        return (f"version {version} is not a closed-form keep configuration (keep={c.get('keep', 0)}, "
-                f"layers={c.get('layers', 0)}, erase_rank={c.get('erase_rank', 0)}): refitting a trained adapter "
+    """None when `version` is a closed-form configuration (keep k, layers 0, no appearance projection) that refits in
+    seconds; else why the unseen-task protocols do not refit it."""
+    c = AAMConfig.from_dict(store.files.read_json(f"aam/{version}/adapter.json")["config"])  # under the names now
+    if not c.keep or c.layers or c.projection_rank:
+        return (f"version {version} is not a closed-form keep configuration (keep={c.keep}, "
+                f"layers={c.layers}, projection_rank={c.projection_rank}): refitting a trained adapter "
                 f"without each task is a training run per task; train it with `splavu train --tasks ...` and "
                 f"evaluate that version instead")
     return None

@@ -279,8 +279,8 @@ def dataset_of(shard: str) -> str:
 def register_dataset(store: FeatureStore, name: str, manifest_path: str | os.PathLike,
                      shard_size: int = DEFAULT_SHARD_SIZE, roles=None, allow_forgotten: bool = False) -> list[str]:
     """Validate `manifest_path` and record it under `name` with the roles it serves (None: from the name,
-    see the roles above); return the dataset's shard keys. A manifest listing erased videos (erasure.py) is refused
-    unless allow_forgotten, which re-admits them (logged in the erasure log)."""
+    see the roles above); return the dataset's shard keys. A manifest listing erased videos (store/forget_records.py)
+    is refused unless allow_forgotten, which re-admits them (logged in the erasure log)."""
     if not NAME.match(name):
         raise StoreError(f"dataset name {name!r}: use lowercase letters, digits and '_'")
     if shard_size < 1:

@@ -1,10 +1,10 @@
-"""How much leakage the label-free appearance erasure alone removes, per rank (prints JSON).
+"""How much leakage the label-free appearance projection alone removes, per rank (prints JSON).
 
-    python benchmarks/erasure_sweep.py --store store --ranks 48 96 [--w-temporal 0 1] [--tasks privacy clip_privacy ar]
+    python benchmarks/projection_sweep.py --store store --ranks 48 96 [--w-temporal 0 1] [--tasks privacy clip_privacy ar]
 
-No adapter training: the erasure is fitted on the training videos' static clips (and the AR classes'
+No adapter training: the projection is fitted on the training videos' static clips (and the AR classes'
 spread, which it keeps), exactly as `aam_model` fits its first stage, then the store's evaluation sets are
-erased in memory and scored like the report (scoring.score_sets: the attacker suite's strongest member, 5 probe
+projected in memory and scored like the report (scoring.score_sets: the attacker suite's strongest member, 5 probe
 seeds + a bootstrap, every change paired with raw). Fresh-critic pair matching on held-out training videos is
 reported beside it.
 """
@@ -16,7 +16,7 @@ import json
 import sys
 import time
 
-from splavu_core.aam.appearance_projection import apply_erasure
+from splavu_core.aam.appearance_projection import apply_projection
 from splavu_core.aam.diagnostics import heldout_split, pair_matching_report
 from splavu_core.aam.closed_form import fit_appearance_projection
 from splavu_core.aam.training_data import load_training_data
@@ -53,21 +53,22 @@ def main():
     raw_rows = [r for r in score_sets({RAW: sets}, args.tasks, ds, seeds=args.seeds, reference_cache=ref)]
     result = {"store": str(store.root), "raw": scores(raw_rows),
               "raw_pair_matching": pair_matching_report(data.static, data.static_actions, fit_idx, held_idx),
-              "erased": []}
+              "projected": []}
     for rank in args.ranks:
         for wt in args.w_temporal:
             t0 = time.perf_counter()
             fit = fit_appearance_projection(data, fit_idx, rank, w_temporal=wt)
-            erased = {d: [dataclasses.replace(v, feats=apply_erasure(fit, v.feats)) for v in vs] for d, vs in sets.items()}
-            name = f"erasure_{rank}"
-            rows = [r for r in score_sets({RAW: sets, name: erased}, args.tasks, ds, seeds=args.seeds,
+            projected = {d: [dataclasses.replace(v, feats=apply_projection(fit, v.feats)) for v in vs]
+                         for d, vs in sets.items()}
+            name = f"projection_{rank}"
+            rows = [r for r in score_sets({RAW: sets, name: projected}, args.tasks, ds, seeds=args.seeds,
                                           reference_cache=ref) if r["feature_set"] == name]
             pm = pair_matching_report(data.static, data.static_actions, fit_idx, held_idx,
-                                      transform=lambda x: apply_erasure(fit, x))
-            result["erased"].append({"rank": rank, "w_temporal": wt, **scores(rows), "pair_matching": pm,
+                                      transform=lambda x: apply_projection(fit, x))
+            result["projected"].append({"rank": rank, "w_temporal": wt, **scores(rows), "pair_matching": pm,
                                      "ratio_at_rank": round(float(fit.eigenvalues[rank - 1]), 4),
                                      "seconds": round(time.perf_counter() - t0, 1)})
-            print(json.dumps(result["erased"][-1]), file=sys.stderr, flush=True)
+            print(json.dumps(result["projected"][-1]), file=sys.stderr, flush=True)
     print(json.dumps(result, indent=1))
 
 
