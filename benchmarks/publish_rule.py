@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -35,6 +37,7 @@ from splavu_core.evaluation.operating_point import (
 from splavu_core.evaluation.suite import load_feature_sets
 from splavu_core.ingest.datasets import task_datasets
 from splavu_core.settings import settings
+from splavu_core.store import costs
 from splavu_core.store.feature_store import FeatureStore
 from splavu_core.store.ledger import retention_state
 
@@ -47,6 +50,24 @@ def verdict(figures: dict, seen, budget: float, floor: float) -> dict:
                   if t in figures or t == "privacy")
     lost = [t for t in seen if t in figures and retention_state(*figures[t], floor) == "lost"]
     return {"privacy_passes": privacy, "utility_refused": lost, "publishes": privacy and not lost}
+
+
+def promise(figures: dict, seen, floor: float) -> dict:
+    """What a published version promises, read on the TEST split: close-ups, clips and linkage removed at least 0.5
+    (point), every seen task's retention at least the floor (point), none lost beyond the noise."""
+    short = [t for t in PRIVACY_PARTS if t in figures and figures[t][0] < 0.5]
+    low = [t for t in seen if t in figures and figures[t][0] < floor]
+    lost = [t for t in seen if t in figures and retention_state(*figures[t], floor) == "lost"]
+    return {"kept": not (short or low or lost), "privacy_below_half": short, "below_floor": low, "lost": lost}
+
+
+def world_of(store: FeatureStore) -> dict | None:
+    """The synthetic world a store's privacy set came from (its manifest folder's benchmark.json), when it has one."""
+    from splavu_core.ingest.datasets import registered
+
+    reg = registered(store).get(task_datasets(store, {}).get("privacy", ""))
+    stamp = Path(reg["manifest"]).parent / "benchmark.json" if reg else None
+    return json.loads(stamp.read_text()) if stamp and stamp.is_file() else None
 
 
 def clopper_pearson(k: int, n: int) -> list[float]:
@@ -69,6 +90,11 @@ def main(argv=None):
     ap.add_argument("--parts", help="exploration: score only these parts, e.g. privacy,ar (the rule then sees only "
                                     "them)")
     ap.add_argument("--extra", default="{}", help="exploration: more candidates, JSON {name: {field: value}}")
+    ap.add_argument("--test", action="store_true", help="also score the pick on the TEST split (what the report "
+                                                        "would say of it) and whether it keeps its promise there")
+    ap.add_argument("--record", help="append this run's lines and summary, with --label, to this JSON file (a list; "
+                                     "docs/gen_reference.py renders docs/publish_rate.json into results.md)")
+    ap.add_argument("--label", default="", help="what these runs are, e.g. 'world 0, k-means seeds 0-3'")
     args = ap.parse_args(argv)
     store = FeatureStore(args.store)
     data = load_training_data(store)
@@ -112,14 +138,31 @@ def main(argv=None):
                 **verdict(val_fig[choice["chosen"]], seen, budget, floor)}
         if args.val == "all":
             line["would_publish"] = {n: verdict(f, seen, budget, floor)["publishes"] for n, f in val_fig.items()}
+        if args.test:
+            on_test = [c for c in cands if c.name == choice["chosen"]]
+            line["test"] = measure_candidates(on_test, fit_data, fit_raw, datasets, which, seeds, store=store,
+                                              split="test")["members"][0]["figures"]
+            line["keeps_promise"] = promise(line["test"], seen, floor)
+        line["seconds"] = round(time.perf_counter() - t, 1)
         found.append(line)
         print(json.dumps(line), flush=True)
     k = sum(f["publishes"] for f in found)
-    print(json.dumps({"summary": "publish rule", "runs": len(found), "publishing": k,
-                      "rate": round(k / len(found), 3) if found else None,
-                      "rate_ci95": clopper_pearson(k, len(found)) if found else None,
-                      "chosen": {c: sum(f["chosen"] == c for f in found) for c in args.candidates or CANDIDATES},
-                      "budget": budget, "floor": floor}))
+    summary = {"summary": "publish rule", "runs": len(found), "publishing": k,
+               "rate": round(k / len(found), 3) if found else None,
+               "rate_ci95": clopper_pearson(k, len(found)) if found else None,
+               "chosen": {c: sum(f["chosen"] == c for f in found) for c in args.candidates or CANDIDATES},
+               "budget": budget, "floor": floor}
+    if args.test:
+        kept = [f for f in found if f["publishes"]]
+        summary["published_keep_promise_on_test"] = sum(f["keeps_promise"]["kept"] for f in kept)
+    print(json.dumps(summary))
+    if args.record:
+        path = Path(args.record)
+        records = json.loads(path.read_text()) if path.is_file() else []
+        records.append({"label": args.label, "store": str(args.store), "world": world_of(store),
+                        "encoder": store.encoder_fingerprint(), "argv": list(argv or sys.argv[1:]),
+                        **costs.provenance(), "runs": found, "summary": summary})
+        path.write_text(json.dumps(records, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -494,12 +494,14 @@ def test_every_recentring_centroid_averages_clips_of_at_least_min_people_people(
     rng = np.random.default_rng(0)
     x = np.concatenate([rng.normal(c, 0.1, (20, 2)) for c in ((0, 0), (5, 0), (0, 5), (7, 1))])   # (80, 2)
     labels = np.repeat(np.arange(4), 20)
-    people = np.concatenate([rng.integers(0, 10, 60).astype(str), np.full(20, "loner")])  # cluster 3: one person
+    people = np.concatenate([np.tile(np.arange(10), 6).astype(str), np.full(20, "loner")])  # cluster 3: one person
     out = pooled_clusters(x, labels, people, 3)
     assert set(out) == {0, 1, 2} and (out[:60] == labels[:60]).all()
     d = [np.linalg.norm(x[60:].mean(0) - x[labels == c].mean(0)) for c in range(3)]
     assert (out[60:] == int(np.argmin(d))).all()                           # joined the nearest cluster that has them
     assert all(len(set(people[out == c])) >= 3 for c in set(out))
     assert (pooled_clusters(x, labels, people, 1) == labels).all()         # 1: no guarantee asked, nothing pooled
-    with pytest.raises(Exception, match="recentre_min_people"):
-        pooled_clusters(x, labels, people, 50)
+    ten = pooled_clusters(x, labels, people, 10)                           # the 10 shared people hold clusters 0-2
+    assert set(ten) == {0, 1, 2} and all(len(set(people[ten == c])) >= 10 for c in set(ten))
+    with pytest.raises(Exception, match="recentre_min_people"):            # 11 people cannot hold 2 centroids of 11
+        pooled_clusters(x, labels, people, 11)

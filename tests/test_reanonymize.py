@@ -46,7 +46,7 @@ from splavu_core.serve import catalog as cat
 from splavu_core.store import ledger
 
 REPO = Path(__file__).resolve().parents[1]
-AAM = {"epochs": 2, "batch": 64, "layers": 1, "heads": 2, "sub_tokens": 4, "token_width": 16, "lr": 1e-2,
+AAM = {"epochs": 2, "batch": 64, "layers": 1, "heads": 2, "sub_tokens": 4, "token_width": 16, "lr": 1e-2, "operating_point": "as_given",
        "diagnose_steps": 30}  # tiny: the diagnostic critics need not converge for these tests
 
 

@@ -109,23 +109,30 @@ def person(video: VideoFeatures) -> str:
 
 def pooled_clusters(x: np.ndarray, labels: np.ndarray, people: np.ndarray, min_people: int) -> np.ndarray:
     """x (N, k) clips, labels (N,) their k-means cluster, people (N,) whose clip each is -> labels where every cluster
-    holds clips of >= min_people people: each clip of a smaller cluster joins the nearest (by centroid) of the
-    clusters that do. So every published centroid averages at least min_people people (what a version's parameters
-    hold of any one person; docs/threat-model.md)."""
+    holds clips of >= min_people people: the cluster of the fewest people, while that is fewer, joins the cluster
+    whose centroid is nearest to its own. So every published centroid averages at least min_people people (what a
+    version's parameters hold of any one person; docs/threat-model.md)."""
     if min_people <= 1:
         return labels
-    ids = np.unique(labels)
-    big = np.array([c for c in ids if len(set(people[labels == c])) >= min_people])
-    if len(big) < 2:
-        raise TrainingDataError(f"recentring on clips: fewer than 2 clusters hold clips of >= {min_people} people "
-                                f"(recentre_min_people); the training videos show {len(set(people))} people: lower "
-                                f"recentre_min_people or raise recentre_cluster_clips")
-    small = ~np.isin(labels, big)
-    if small.any():
-        cents = np.stack([x[labels == c].mean(0) for c in big])                         # (B, k)
-        d = ((x[small, None, :] - cents[None]) ** 2).sum(-1)                            # (S, B)
-        labels = labels.copy()
-        labels[small] = big[d.argmin(1)]
+    labels = labels.copy()
+    members = {c: set(people[labels == c]) for c in np.unique(labels)}
+    cents = {c: x[labels == c].mean(0) for c in members}
+    size = {c: int((labels == c).sum()) for c in members}
+    while len(members) > 1:
+        c = min(members, key=lambda m: (len(members[m]), m))
+        if len(members[c]) >= min_people:
+            break
+        others = [m for m in members if m != c]
+        into = min(others, key=lambda m: float(((cents[m] - cents[c]) ** 2).sum()))
+        cents[into] = (cents[into] * size[into] + cents[c] * size[c]) / (size[into] + size[c])
+        size[into] += size.pop(c)
+        members[into] |= members.pop(c)
+        del cents[c]
+        labels[labels == c] = into
+    if len(members) < 2:
+        raise TrainingDataError(f"recentring on clips: the training videos show {len(set(people))} people, too few "
+                                f"for 2 centroids of >= {min_people} people each (recentre_min_people): lower it, or "
+                                f"register more training videos")
     return labels
 
 
