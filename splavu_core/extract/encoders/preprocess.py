@@ -131,26 +131,42 @@ class Preprocess:
         y = (y * self.rescale - mean) / std
         return y.permute(0, 2, 3, 1).contiguous()
 
-    def on_device(self, clips: list[torch.Tensor], T: int) -> torch.Tensor:
+    def on_device(self, clips: list[torch.Tensor], T: int, grouped: bool | None = None) -> torch.Tensor:
         """uint8 clips on the encoder's device, as the decoders hand them over ((T, H, W, 3) a clip, (1, H, W, 3) a
         static clip whose frame is repeated T times; any sizes) → one (B, T, 3, crop, crop) float32 batch, channels
-        last in memory. One step per frame size for the whole batch (usually one size: one step), not per clip."""
+        last in memory. On a GPU one step per frame size for the whole batch (usually one size: one step); on CPU
+        clips that need no resize are converted slot by slot, as `batch` does, while each is in cache (measured: the
+        whole batch at once ran 1.65 ms a clip against 1.45, and gathering static clips into place 4.3). `grouped`:
+        the GPU's way on any device (None: by device)."""
         S = self.crop
         by_size: dict[tuple, list[int]] = {}
         for i, c in enumerate(clips):
             assert c.dtype == torch.uint8 and c.ndim == 4 and c.shape[0] in (1, T), (
                 f"expected (T or 1, H, W, 3) uint8 clips, got {tuple(c.shape)} {c.dtype}")
             by_size.setdefault(tuple(c.shape[1:3]), []).append(i)
-        out = None
-        for members in by_size.values():
+        device = clips[0].device
+        grouped = device.type != "cpu" if grouped is None else grouped
+        out = torch.empty(len(clips), T, S, S, 3, device=device)  # (B, T, S, S, 3)
+        for (H, W), members in by_size.items():
+            box = crop_box(H, W, self.short_side, S)
+            if box is not None and not grouped:
+                top, left = box
+                for i in members:
+                    first = out[i, :clips[i].shape[0]]
+                    self.normalise_(first.copy_(clips[i][:, top:top + S, left:left + S]))
+                    if clips[i].shape[0] == 1:
+                        out[i, 1:].copy_(first.expand(T - 1, -1, -1, -1))
+                continue
             counts = [clips[i].shape[0] for i in members]
             x = self.frames(torch.cat([clips[i] for i in members]))  # (F, S, S, 3)
-            if len(by_size) == 1 and all(n == T for n in counts):
-                return x.view(len(clips), T, S, S, 3).permute(0, 1, 4, 2, 3)
-            # each member's T rows of x: a clip's own frames, or its static frame T times
-            starts = np.cumsum([0] + counts[:-1])
-            src = np.concatenate([s + (np.arange(T) if n == T else np.zeros(T, np.int64)) for s, n in zip(starts, counts)])
-            if out is None:
-                out = torch.empty(len(clips), T, S, S, 3, device=x.device)  # (B, T, S, S, 3)
-            out[torch.as_tensor(members, device=x.device)] = x[torch.as_tensor(src, device=x.device)].view(-1, T, S, S, 3)
+            if all(n == T for n in counts):
+                if len(members) == len(clips):
+                    return x.view(len(clips), T, S, S, 3).permute(0, 1, 4, 2, 3)
+                x = x.view(len(members), T, S, S, 3)
+            else:  # each member's T rows of x: a clip's own frames, or its static frame T times
+                starts = np.cumsum([0] + counts[:-1])
+                src = np.concatenate([s + (np.arange(T) if n == T else np.zeros(T, np.int64))
+                                      for s, n in zip(starts, counts)])
+                x = x.index_select(0, torch.as_tensor(src, device=device)).view(len(members), T, S, S, 3)
+            out.index_copy_(0, torch.as_tensor(members, device=device), x)
         return out.permute(0, 1, 4, 2, 3)
