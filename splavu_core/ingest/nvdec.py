@@ -88,3 +88,22 @@ class NvdecVideo:
     def all_frames(self):
         return self.frames(np.arange(self.info.n_frames))
 
+
+
+def compare_with_decord(path: str | os.PathLike) -> dict:
+    """NVDEC's frames of `path` against decord's: frame count, rate and size of each, and the absolute pixel
+    difference per frame in levels of 255 (the worst frame's mean, the worst 99th percentile, the maximum)."""
+    from splavu_core.ingest.video import DecordVideo
+
+    cpu, gpu = DecordVideo(path), NvdecVideo(path)
+    out = {"video": str(path), "decord": [cpu.info.n_frames, cpu.info.fps, cpu.info.height, cpu.info.width],
+           "nvdec": [gpu.info.n_frames, gpu.info.fps, gpu.info.height, gpu.info.width]}
+    shape = (cpu.info.n_frames, cpu.info.height, cpu.info.width)
+    if (gpu.info.n_frames, gpu.info.height, gpu.info.width) != shape:
+        return out  # another count or size: no pixel comparison
+    idx = np.arange(cpu.info.n_frames)
+    diff = np.abs(gpu.frames(idx).cpu().numpy().astype(np.int16) - cpu.frames(idx).astype(np.int16))
+    per_frame = diff.reshape(len(idx), -1)
+    return {**out, "mean_abs_worst_frame": round(float(per_frame.mean(1).max()), 3),
+            "mean_abs": round(float(per_frame.mean()), 3),
+            "p99_abs_worst_frame": float(np.percentile(per_frame, 99, axis=1).max()), "max_abs": int(diff.max())}
