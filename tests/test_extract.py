@@ -311,10 +311,12 @@ def test_a_decoder_process_that_dies_stops_the_shard_with_a_clear_error(tiny_ben
     """A decoder killed mid-shard (the OOM killer, say) fails the shard at once, naming the process, how it died, the
     video it held and the setting; nothing is committed; the next extraction starts new decoders and succeeds."""
     from splavu_core.extract.decode import ExtractError
+    from splavu_core.extract.decode_pool import close_idle
     from splavu_core.extract.encoders.vfm import load_encoder
     from splavu_core.extract.sampling import ClipSampling
     from splavu_core.extract.shards import manifest_hash
 
+    close_idle()  # the decoders of earlier tests: only this shard's are then alive to be killed
     root, _ = tiny_bench
     m = load_manifest(root / "ar" / "manifest.csv")
     rows, enc, s = m.rows[:8], load_encoder(tiny_videomae, device="cpu"), ClipSampling()
@@ -356,3 +358,16 @@ def test_gpu_decoding_asked_for_without_a_gpu_names_the_setting(small_dataset, t
     monkeypatch.setenv("SPLAVU_DECODER", "auto")  # auto: the CPU decoders here
     assert len(extract_shard("g-000", rows, small_dataset, load_encoder(tiny_videomae, device="cpu"),
                              ClipSampling()).clips) > 0
+
+
+def test_the_next_shard_reuses_the_decoder_processes(small_dataset, tiny_videomae):
+    """`splavu extract` runs every shard in one process: the decoders of one shard decode the next (starting them
+    costs about half a second a shard), also after a shard with bad videos."""
+    from splavu_core.extract.encoders.vfm import load_encoder
+    from splavu_core.extract.sampling import ClipSampling
+
+    rows, enc = load_manifest(small_dataset / "manifest.csv").rows, load_encoder(tiny_videomae, device="cpu")
+    extract_shard("a-000", rows, small_dataset, enc, ClipSampling(), decoders=2)
+    before = sorted(_decoder_pids())
+    extract_shard("b-000", rows[:2], small_dataset, enc, ClipSampling(), decoders=2)
+    assert len(before) >= 2 and sorted(_decoder_pids()) == before

@@ -158,7 +158,7 @@ class DecoderPool:
         queued: list[deque] = [deque() for _ in self.procs]  # per worker: its tasks, oldest first
         done: dict[int, Decoded] = {}
         order = deque(t.seq for t in tasks)
-        finished = False
+        finished = not order
         try:
             while order:
                 for w, q in enumerate(queued):  # top up every worker
@@ -170,8 +170,9 @@ class DecoderPool:
                             self._died(w, queued)
                 while order[0] not in done:
                     self._receive(queued, done)
-                yield done.pop(order.popleft())
-            finished = True
+                seq = order.popleft()
+                finished = not order  # the last one is in: nothing of this shard is left in the workers
+                yield done.pop(seq)
         finally:
             if not finished:
                 self.broken = True

@@ -141,7 +141,8 @@ def _from_processes(pool, rows: list[dict], root: Path, sampling: ClipSampling, 
     feed, T = DeviceFeed(encoder.device), sampling.clip_len
     resize = (encoder.preprocess.short_side, encoder.preprocess.crop)
     tasks = [Task(i, str(root / r["path"]), r["split"] in static_splits, sampling, resize) for i, r in enumerate(rows)]
-    for row, d in zip(rows, pool.decode(tasks)):
+    for d in pool.decode(tasks):
+        row = rows[d.seq]
         if d.error:
             yield _failed(row, d.error)
             continue
