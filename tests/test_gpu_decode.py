@@ -18,7 +18,8 @@ from splavu_core.extract.sampling import ClipSampling
 from splavu_core.extract.shards import extract_shard
 from splavu_core.ingest import nvdec
 from splavu_core.ingest.manifest import load_manifest
-from splavu_core.ingest.video import open_video, write_mp4
+from splavu_core.ingest.decoders import open_video
+from splavu_core.ingest.video import write_mp4
 
 REPO = Path(__file__).resolve().parents[1]
 # NVDEC converts YUV to RGB itself, libswscale does for decord: the frames may differ by rounding. The bound each

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from splavu_core.extract.sampling import ClipSampling, ClipSpan
-from splavu_core.ingest.video import VideoError, open_video
+from splavu_core.ingest.decoders import open_video
+from splavu_core.ingest.video import VideoError
 
 
 class ExtractError(Exception):

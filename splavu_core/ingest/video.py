@@ -1,8 +1,7 @@
-"""Video I/O: H.264 writing (PyAV) and decoding behind one small reader interface.
+"""Video I/O: H.264 writing (PyAV) and decoding (decord), behind a small reader interface.
 
-A reader has `path`, `info` (VideoInfo) and `frames(indices)` → (N, H, W, 3) uint8. `open_video` picks the backend
-by name, as pytorchvideo's EncodedVideo does: decord (CPU, numpy frames, the default) or nvdec (NVIDIA's
-PyNvVideoCodec, torch frames on the GPU: splavu_core/ingest/nvdec.py)."""
+A reader has `path`, `info` (VideoInfo) and `frames(indices)` → (N, H, W, 3) uint8; DecordVideo is the CPU one,
+splavu_core/ingest/nvdec.py the GPU one, and splavu_core/ingest/decoders.py picks one by name."""
 from __future__ import annotations
 
 import os
@@ -59,20 +58,6 @@ class VideoInfo:
     fps: float
     height: int
     width: int
-
-
-BACKENDS = ("decord", "nvdec")
-
-
-def open_video(path: str | os.PathLike, backend: str = "decord", **options):
-    """`path` through the named decoder backend; `options` go to its reader (decord: num_threads; nvdec: gpu)."""
-    if backend == "decord":
-        return DecordVideo(path, **options)
-    if backend == "nvdec":
-        from splavu_core.ingest.nvdec import NvdecVideo  # here: only GPU decoding loads it
-
-        return NvdecVideo(path, **options)
-    raise ValueError(f"unknown video decoder backend {backend!r}: choose from {BACKENDS}")
 
 
 def check_file(path: str) -> None:
