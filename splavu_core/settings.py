@@ -182,9 +182,8 @@ class Settings:
     decoder: str = _setting(
         "SPLAVU_DECODER", "decord",
         f"Video decoder backend of extraction: one of {', '.join(DECODERS)}. `decord` decodes on the CPU (in "
-        "`SPLAVU_DECODE_WORKERS` processes); `nvdec` decodes on the encoder's GPU with NVIDIA's PyNvVideoCodec "
-        "(`pip install pynvvideocodec`), in the extraction's decode threads, and is refused with the reason on a "
-        "machine without it; `auto` takes `nvdec` where the encoder runs on CUDA and PyNvVideoCodec works, else "
+        "`SPLAVU_DECODE_WORKERS` processes); `nvdec` decodes on the encoder's GPU with NVIDIA's PyNvVideoCodec, in "
+        "the extraction's decode threads, and is refused with the reason on a machine without it; `auto` takes `nvdec` where the encoder runs on CUDA and PyNvVideoCodec works, else "
         "`decord`. The backends' pixels differ by colour-conversion rounding, so their latents differ slightly "
         "(the encoder fingerprint does not record the backend).", "backend name", _decoder)
     # ---- search

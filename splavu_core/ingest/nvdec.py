@@ -4,8 +4,8 @@ Why PyNvVideoCodec and not torchcodec: its wheel on PyPI is self-contained (it b
 through the NVIDIA driver) and talks to torch through DLPack only, so it does not depend on torch's version. torchcodec
 is built for one torch release at a time and needs the system's FFmpeg libraries; its 0.17 wheel on PyPI is a
 CUDA 13 build that does not import beside the CPU torch (libnvrtc.so.13), and this project's GPU machines are offline,
-so no FFmpeg can be installed there. PyNvVideoCodec is not in the locks: `pip install pynvvideocodec` on a GPU
-machine (it does not import without the NVIDIA driver's video libraries).
+so no FFmpeg can be installed there. PyNvVideoCodec is in both locks (the `nvdec` extra); it imports only where
+NVIDIA's driver and its video libraries are.
 
 The colour conversion is NVDEC's, not libswscale's: frames differ from decord's by rounding
 (tests/test_gpu_decode.py states the tolerance; it runs where a GPU is).
