@@ -32,7 +32,7 @@ if [ "${1:-}" = "prepare" ]; then
   mkdir -p "$GPU_DIR/whl"
   pins=$(grep -E '^(decord|zarr|numcodecs|donfig|crc32c|typing-extensions|packaging|pynvvideocodec)==' \
     "$HERE/requirements.lock" | sed 's/ .*//')
-  $PY -m pip download -q --no-deps -d "$GPU_DIR/whl" $pins 'pynvvideocodec==2.2.4' || exit 1
+  $PY -m pip download -q --no-deps -d "$GPU_DIR/whl" $pins || exit 1
   $PY -c "
 import shutil, sys
 from pathlib import Path
