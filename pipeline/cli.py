@@ -28,6 +28,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from pipeline import demo
+from splavu_core.extract.decode import ExtractError
 from splavu_core.extract.encoders import DEMO_ENCODERS, QUANTIZE
 from splavu_core.ingest.datasets import describe_registration, parse_roles, registered, registration, training_plan
 from splavu_core.ingest.manifest import ManifestError
@@ -726,7 +727,7 @@ def _require_store(root: str) -> None:
 
 def _expected_error(e: BaseException) -> BaseException | None:
     """The user-facing error inside `e` (Dagster wraps what an asset raised), or None for a bug."""
-    expected = [ManifestError, StoreError, PixelError, BenchmarkMismatch]
+    expected = [ManifestError, StoreError, PixelError, BenchmarkMismatch, ExtractError]
     # these two are raised only by code that imported their module: recognised without importing it (seconds)
     if "splavu_core.aam.training_data" in sys.modules:
         expected.append(sys.modules["splavu_core.aam.training_data"].TrainingDataError)

@@ -32,6 +32,7 @@ DEFAULT_PRIVACY_BUDGET = 0.5  # share of above-chance leakage to remove, on the 
 DEFAULT_UTILITY_GATE = 0.95   # share of the raw features' above-chance utility a seen task must keep (<= 0: off)
 DEFAULT_CRON = "0 3 * * *"
 ENGINES = ("multiprocess", "in_process", "dask", "k8s")
+DECODERS = ("decord", "nvdec", "auto")
 
 
 class SettingsError(ValueError):
@@ -75,6 +76,20 @@ def _engine(name: str, raw: str) -> str:
     if engine not in ENGINES:
         raise SettingsError(f"{name}={raw!r}: expected one of {', '.join(ENGINES)}")
     return engine
+
+
+def _count(name: str, raw: str) -> int:
+    value = _int(name, raw)
+    if value < 0:
+        raise SettingsError(f"${name}={raw!r}: expected 0 or a positive integer")
+    return value
+
+
+def _decoder(name: str, raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in DECODERS:
+        raise SettingsError(f"${name}={raw!r}: expected one of {', '.join(DECODERS)}")
+    return value
 
 
 def _flag(name: str, raw: str) -> bool:
@@ -175,6 +190,21 @@ class Settings:
         "SPLAVU_TRACEBACK", False,
         "`splavu` prints an unexpected error (a bug) as one `splavu: error:` line; set to 1 to get the traceback "
         "instead.", "0 or 1", _flag)
+    # ---- extraction
+    decode_workers: int | None = _setting(
+        "SPLAVU_DECODE_WORKERS", None,
+        "Video decoder processes per extraction (CPU decoding with decord): each decodes one video at a time on one "
+        "core and hands its clips to the encoder through shared memory. Unset: the cores this process may use. 0: "
+        "decode in threads of the extracting process instead (the path before issue 61; pixel baselines always "
+        "do). The latents are the same bytes either way. The `encoder` concurrency pool stays the knob for GPUs.",
+        "processes", _count)
+    decoder: str = _setting(
+        "SPLAVU_DECODER", "decord",
+        f"Video decoder backend of extraction: one of {', '.join(DECODERS)}. `decord` decodes on the CPU (in "
+        "`SPLAVU_DECODE_WORKERS` processes); `nvdec` decodes on the encoder's GPU with NVIDIA's PyNvVideoCodec, in "
+        "the extraction's decode threads, and is refused with the reason on a machine without it; `auto` takes `nvdec` where the encoder runs on CUDA and PyNvVideoCodec works, else "
+        "`decord`. The backends' pixels differ by colour-conversion rounding, so their latents differ slightly "
+        "(the encoder fingerprint does not record the backend).", "backend name", _decoder)
     # ---- search
     ann_min_rows: int = _setting(
         "SPLAVU_ANN_MIN_ROWS", 10_000_000,

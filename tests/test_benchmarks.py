@@ -51,15 +51,26 @@ def store_copy(tiny_store, tmp_path_factory):
 
 def test_extract(tiny_bench, tiny_videomae):
     root, _ = tiny_bench
-    out = run_bench("extract", "--data", root / "tad", "--videos", 2, "--checkpoint", tiny_videomae, "--static-k", 2,
-                    "--rounds", 2)
-    assert set(out["clips_per_s"]) == {"bare_forward", "bare_forward_workers", "decode_only", "encoder_only",
-                                       "end_to_end", "naive"}
-    rates = out["clips_per_s"]  # the ceiling: decode and forward sharing the cores perfectly (a harmonic sum)
+    out = run_bench("extract", "--data", root / "tad", "--videos", 3, "--checkpoint", tiny_videomae, "--static-k", 2,
+                    "--rounds", 2, "--decoders", 2)
+    assert set(out["clips_per_s"]) == {"bare_forward", "bare_forward_workers", "prepare_only", "encoder_only",
+                                       "decode_only_1", "decode_only_2", "end_to_end_threads", "end_to_end_1",
+                                       "end_to_end_2", "naive"}
+    rates = out["clips_per_s"]  # on CPU decode and forward share the cores: the ceiling is a harmonic sum
+    assert out["decode_ceiling_clips_per_s"] == rates["decode_only_2"]
+    assert out["forward_ceiling_clips_per_s"] == rates["bare_forward_workers"]
     assert out["decode_inclusive_ceiling_clips_per_s"] == pytest.approx(
-        1 / (1 / rates["bare_forward_workers"] + 1 / rates["decode_only"]), abs=0.2)  # rates rounded to 0.1
+        1 / (1 / rates["bare_forward_workers"] + 1 / rates["decode_only_2"]), abs=0.2)  # rates rounded to 0.1
+    assert out["ratio_end_to_end_vs_min_ceiling"] == pytest.approx(
+        rates["end_to_end_2"] / min(rates["decode_only_2"], rates["bare_forward_workers"]), rel=0.02)
+    assert out["decode_workers_speedup"] == pytest.approx(rates["decode_only_2"] / rates["decode_only_1"], rel=0.02)
+    assert out["zarr_bytes_identical"] is True  # decoder processes write the threads path's bytes
     assert out["clips"] > 0 and out["clips_end_to_end"] > out["clips"] and out["static_k"] == 2
-    for k in ("ratio_end_to_end_vs_bare_forward", "ratio_end_to_end_vs_naive", "cpu_ratio_end_to_end_vs_bare_forward",
+    assert [w["decoders"] for w in out["workers"]] == [1, 2]
+    for w in out["workers"]:  # where the time goes, per stage, for 1..N decoders
+        assert set(w["busy_s"]) == {"decode", "copy", "prepare", "forward", "write"} and w["wall_s"] > 0
+        assert all(w["busy_s"][k] > 0 for k in ("decode", "prepare", "forward", "write"))
+    for k in ("ratio_end_to_end_vs_threads", "cpu_ratio_end_to_end_vs_threads", "ratio_end_to_end_vs_naive",
               "ratio_end_to_end_vs_decode_inclusive_ceiling"):
         assert out[k] > 0
     assert all(len(r) == 2 for r in out["clips_per_s_each_round"].values())

@@ -258,3 +258,116 @@ def test_fast_extraction_keeps_the_demo_encoders_latents_bit_for_bit(tiny_bench,
             got_static.append(_reference_embeddings(enc, np.repeat(still[:, None], 16, axis=1)))
         assert np.array_equal(out.clips, np.concatenate(got_clips))
         assert np.array_equal(out.static, np.stack(got_static))
+
+
+def _shard_of(store_root, shard, rows, root, enc, sampling, **kw):
+    """Extract and commit one shard; its committed bytes and its quarantine (video, error) pairs."""
+    from splavu_core.extract.shards import manifest_hash
+
+    out = extract_shard(shard, rows, root, enc, sampling, static_splits=("train", "val", "test"), **kw)
+    FeatureStore(store_root).write_shard(shard, out, enc.provenance(sampling), manifest_hash(rows))
+    return shard_bytes(store_root, shard), [(q["video_id"], q["error"]) for q in out.quarantine.to_pylist()]
+
+
+def test_decoder_processes_write_the_zarr_bytes_of_decode_threads(small_dataset, tiny_bench, tiny_videomae, tmp_path):
+    """Issue 61: decoder processes + preparation on the device give the shard the threads path (SPLAVU_DECODE_WORKERS=0,
+    as before) gives, byte for byte, and quarantine the same videos with the same reasons: the resize path (tiny
+    encoder, 112 px videos, five bad files and a short one) and the crop path the workers take themselves (the demo
+    encoder on its own 112 px videos, beside a real 576x768 video that it resizes)."""
+    from splavu_core.extract.encoders.vfm import load_encoder
+    from splavu_core.extract.sampling import ClipSampling
+
+    root, _ = tiny_bench
+    real = tmp_path / "real"
+    shutil.copytree(root / "tad", real)
+    shutil.copy(REPO / "tests" / "data" / "vtest_people.mp4", real / "people.mp4")
+    tad = load_manifest(root / "tad" / "manifest.csv").rows[:3]
+    cases = [(load_manifest(small_dataset / "manifest.csv").rows, small_dataset, load_encoder(tiny_videomae, device="cpu")),
+             ([{"video_id": "people", "path": "people.mp4", "split": "train"}, *tad], real, load_encoder(device="cpu"))]
+    s = ClipSampling(clip_len=16, static_k=3)
+    for i, (rows, base, enc) in enumerate(cases):
+        threads = _shard_of(tmp_path / f"threads{i}", "s-000", rows, base, enc, s, decoders=0, batch_size=5)
+        for n in (1, 2):
+            assert _shard_of(tmp_path / f"proc{i}{n}", "s-000", rows, base, enc, s, decoders=n, batch_size=5) == threads
+    assert len(threads[0]) > 3 and not threads[1]
+    assert {v for v, _ in _shard_of(tmp_path / "q", "q-000", cases[0][0], small_dataset, cases[0][2], s)[1]} == \
+        {"corrupt", "truncated", "empty", "unsupported", "short"}
+
+
+def _decoder_pids() -> list[int]:
+    """This process's decoder processes (splavu_core/extract/decode_pool.py), from /proc."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid() \
+                    and b"decode_pool" in (d / "cmdline").read_bytes():
+                pids.append(int(d.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return pids
+
+
+def test_a_decoder_process_that_dies_stops_the_shard_with_a_clear_error(tiny_bench, tiny_videomae, tmp_path):
+    """A decoder killed mid-shard (the OOM killer, say) fails the shard at once, naming the process, how it died, the
+    video it held and the setting; nothing is committed; the next extraction starts new decoders and succeeds."""
+    from splavu_core.extract.decode import ExtractError
+    from splavu_core.extract.decode_pool import close_idle
+    from splavu_core.extract.encoders.vfm import load_encoder
+    from splavu_core.extract.sampling import ClipSampling
+    from splavu_core.extract.shards import manifest_hash
+
+    close_idle()  # the decoders of earlier tests: only this shard's are then alive to be killed
+    root, _ = tiny_bench
+    m = load_manifest(root / "ar" / "manifest.csv")
+    rows, enc, s = m.rows[:8], load_encoder(tiny_videomae, device="cpu"), ClipSampling()
+    store = FeatureStore(tmp_path / "store")
+    killed = []
+
+    def kill_one(done):
+        if not killed:
+            killed.append(_decoder_pids()[0])
+            os.kill(killed[0], signal.SIGKILL)
+
+    def extract():
+        return extract_shard("die-000", rows, m.root, enc, s, decoders=2, progress=kill_one)
+
+    with pytest.raises(ExtractError) as e:
+        store.produce_shard("die-000", enc.provenance(s), manifest_hash(rows), extract)
+    msg = str(e.value)
+    assert f"decoder process {killed[0]} was killed by SIGKILL" in msg and "SPLAVU_DECODE_WORKERS" in msg
+    assert "while decoding" in msg and ".mp4" in msg and "nothing of this shard was written" in msg
+    assert store.committed("die-000") is None and killed[0] not in _decoder_pids()
+    marker, skipped = store.produce_shard("die-000", enc.provenance(s), manifest_hash(rows),
+                                          lambda: extract_shard("die-000", rows, m.root, enc, s, decoders=2))
+    assert not skipped and marker["videos"] == 8
+
+
+def test_gpu_decoding_asked_for_without_a_gpu_names_the_setting(small_dataset, tiny_videomae, monkeypatch):
+    import torch
+
+    from splavu_core.extract.decode import ExtractError
+    from splavu_core.extract.encoders.vfm import load_encoder
+    from splavu_core.extract.sampling import ClipSampling
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: tests/test_gpu_decode.py")
+    rows = load_manifest(small_dataset / "manifest.csv").rows[:1]
+    monkeypatch.setenv("SPLAVU_DECODER", "nvdec")
+    with pytest.raises(ExtractError, match=r"SPLAVU_DECODER=nvdec asks for GPU decoding, but no CUDA device"):
+        extract_shard("g-000", rows, small_dataset, load_encoder(tiny_videomae, device="cpu"), ClipSampling())
+    monkeypatch.setenv("SPLAVU_DECODER", "auto")  # auto: the CPU decoders here
+    assert len(extract_shard("g-000", rows, small_dataset, load_encoder(tiny_videomae, device="cpu"),
+                             ClipSampling()).clips) > 0
+
+
+def test_the_next_shard_reuses_the_decoder_processes(small_dataset, tiny_videomae):
+    """`splavu extract` runs every shard in one process: the decoders of one shard decode the next (starting them
+    costs about half a second a shard), also after a shard with bad videos."""
+    from splavu_core.extract.encoders.vfm import load_encoder
+    from splavu_core.extract.sampling import ClipSampling
+
+    rows, enc = load_manifest(small_dataset / "manifest.csv").rows, load_encoder(tiny_videomae, device="cpu")
+    extract_shard("a-000", rows, small_dataset, enc, ClipSampling(), decoders=2)
+    before = sorted(_decoder_pids())
+    extract_shard("b-000", rows[:2], small_dataset, enc, ClipSampling(), decoders=2)
+    assert len(before) >= 2 and sorted(_decoder_pids()) == before

@@ -117,3 +117,21 @@ def test_preparing_video_by_video_gives_the_old_batch_latents_bit_for_bit(tiny_v
     assert np.array_equal(whole, per_clip)
     still = enc.embed_prepared(enc.prepare(clips[:1, :1]).expand(1, 16, -1, -1, -1))  # a static clip
     assert np.array_equal(still, enc.embed(np.repeat(clips[:1, :1], 16, axis=1)))
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_preparing_a_batch_on_the_device_gives_the_staged_batch_bit_for_bit(tiny_videomae, grouped):
+    """Issue 61: Preprocess.on_device (decoders' uint8 frames, the batch prepared where the encoder runs) equals
+    stage + batch (the threads path), for clips and static clips of three sizes in one batch: one the encoder crops
+    (its short side already the encoder's), two it resizes; per slot (CPU) and grouped by size (the GPU's way)."""
+    import torch
+
+    enc = load_encoder(tiny_videomae, device="cpu")
+    p, T, rng = enc.preprocess, enc.num_frames, np.random.default_rng(3)
+    sizes = [(p.short_side, 48), (40, 56), (p.short_side, 48), (50, 74), (40, 56), (50, 74)]
+    clips = [torch.from_numpy(rng.integers(0, 255, (1 if k in (2, 4, 5) else T, h, w, 3), dtype=np.uint8))
+             for k, (h, w) in enumerate(sizes)]
+    staged = [p.stage(c[None])[0] for c in clips]
+    assert torch.equal(p.on_device(clips, T, grouped=grouped), p.batch(staged, T))
+    same_size = [clips[1], clips[4]]  # one size, a clip and a static clip
+    assert torch.equal(p.on_device(same_size, T, grouped=grouped), p.batch([staged[1], staged[4]], T))

@@ -79,13 +79,18 @@ def test_values_are_parsed():
                           "SPLAVU_STORAGE_OPTIONS": '{"anon": true}', "SPLAVU_FORGET_CRASH_AFTER": "3"})
     assert (s.privacy_budget, s.executor, s.log_level, dict(s.storage_options), s.forget_crash_after) == \
         (-1.0, "in_process", "DEBUG", {"anon": True}, 3)
+    s = st.read_settings({"SPLAVU_DECODE_WORKERS": "0", "SPLAVU_DECODER": " NVDEC "})
+    assert (s.decode_workers, s.decoder) == (0, "nvdec")
+    assert st.read_settings({}).decode_workers is None  # unset: the cores available (extract/shards.py)
 
 
 @pytest.mark.parametrize("name,value", [("SPLAVU_PRIVACY_BUDGET", "half"), ("SPLAVU_UTILITY_GATE", "0,9"),
                                         ("SPLAVU_LOCK_TTL_S", "1m"), ("SPLAVU_ANN_MIN_ROWS", "1e7"),
                                         ("SPLAVU_AAM_RETENTION", "two"), ("SPLAVU_EXECUTOR", "celery"),
                                         ("SPLAVU_STORAGE_OPTIONS", "[1]"), ("SPLAVU_STORAGE_OPTIONS", "{nope"),
-                                        ("SPLAVU_INSTALL_SECONDS", "soon"), ("SPLAVU_FORGET_CRASH_AFTER", "x")])
+                                        ("SPLAVU_INSTALL_SECONDS", "soon"), ("SPLAVU_FORGET_CRASH_AFTER", "x"),
+                                        ("SPLAVU_DECODE_WORKERS", "-1"), ("SPLAVU_DECODE_WORKERS", "all"),
+                                        ("SPLAVU_DECODER", "ffmpeg")])
 def test_a_bad_value_names_its_variable(name, value):
     with pytest.raises(st.SettingsError, match=name):
         st.read_settings({name: value})

@@ -1,4 +1,7 @@
-"""Video I/O: H.264 writing (PyAV) and decoding (decord), behind a small reader interface."""
+"""Video I/O: H.264 writing (PyAV) and decoding (decord), behind a small reader interface.
+
+A reader has `path`, `info` (VideoInfo) and `frames(indices)` → (N, H, W, 3) uint8; DecordVideo is the CPU one,
+splavu_core/ingest/nvdec.py the GPU one, and splavu_core/ingest/decoders.py picks one by name."""
 from __future__ import annotations
 
 import os
@@ -57,21 +60,26 @@ class VideoInfo:
     width: int
 
 
+def check_file(path: str) -> None:
+    """VideoError for what no backend can open: a missing or empty file."""
+    if not os.path.isfile(path):
+        raise VideoError(f"{path}: no such file")
+    if os.path.getsize(path) == 0:
+        raise VideoError(f"{path}: empty file")
+
+
 class DecordVideo:
     """A decoded video file. Frames come back as (T, H, W, 3) uint8 numpy arrays."""
 
     def __init__(self, path: str | os.PathLike, num_threads: int = 1):
         self.path = str(path)
-        if not os.path.isfile(self.path):
-            raise VideoError(f"{self.path}: no such file")
-        if os.path.getsize(self.path) == 0:
-            raise VideoError(f"{self.path}: empty file")
+        check_file(self.path)
         import decord  # here, not at the top: only reading/writing videos needs it
 
         try:
             self._vr = decord.VideoReader(self.path, ctx=decord.cpu(0), num_threads=num_threads)
         except Exception as e:  # decord raises DECORDError / RuntimeError for unsupported data
-            raise VideoError(f"{self.path}: cannot open video ({libav_reason(self.path) or _first_line(e)})") from None
+            raise VideoError(f"{self.path}: cannot open video ({libav_reason(self.path) or first_line(e)})") from None
         n = len(self._vr)
         if n == 0:
             raise VideoError(f"{self.path}: no decodable frames")
@@ -83,7 +91,7 @@ class DecordVideo:
         try:
             out = self._vr.get_batch(idx.tolist()).asnumpy()
         except Exception as e:
-            raise VideoError(f"{self.path}: failed decoding frames {idx.min()}..{idx.max()} ({_first_line(e)})") from None
+            raise VideoError(f"{self.path}: failed decoding frames {idx.min()}..{idx.max()} ({first_line(e)})") from None
         if out.shape[0] != len(idx):
             raise VideoError(f"{self.path}: asked for {len(idx)} frames, decoded {out.shape[0]}")
         return out
@@ -117,6 +125,6 @@ def libav_reason(path: str) -> str | None:
             av.logging.set_level(before)
 
 
-def _first_line(e: Exception) -> str:
+def first_line(e: Exception) -> str:
     text = str(e).strip().splitlines()
     return text[0][:200] if text else type(e).__name__

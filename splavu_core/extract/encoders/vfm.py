@@ -10,6 +10,7 @@ import copy
 import hashlib
 import json
 import os
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ import torch
 from splavu_core.extract.encoders import ACTION_CHECKPOINT, DEMO_CHECKPOINT, DEMO_ENCODERS, QUANTIZE  # noqa: F401
 from splavu_core.extract.encoders.preprocess import Preprocess
 from splavu_core.extract.sampling import ClipSampling
+from splavu_core.extract.stage_times import StageTimes
 
 
 
@@ -67,15 +69,59 @@ class FrozenEncoder:
         assert frames.shape[1] in (1, self.num_frames), f"encoder wants {self.num_frames}-frame clips, got {frames.shape[1]}"
         return self.preprocess(frames)
 
-    def embed_clips(self, clips: list[torch.Tensor]) -> np.ndarray:
+    def embed_clips(self, clips: list[torch.Tensor], times: StageTimes | None = None) -> np.ndarray:
         """Clips as `preprocess.stage` left them (uint8 crops or resized floats; one frame = a static clip) → (B, D):
-        extraction's path, where each encoder worker builds its own batch (conversion and normalisation in the
-        batch's slots) beside the other's forward."""
-        return self.embed_prepared(self.preprocess.batch(clips, self.num_frames))
+        extraction's path with decode threads, where each encoder worker builds its own batch (conversion and
+        normalisation in the batch's slots) beside the other's forward."""
+        t0 = time.perf_counter()
+        x = self.preprocess.batch(clips, self.num_frames)
+        t1 = time.perf_counter()
+        out = self.embed_prepared(x)
+        if times is not None:
+            times.add(prepare=t1 - t0, forward=time.perf_counter() - t1)
+        return out
 
     @torch.no_grad()
     def embed_prepared(self, x: torch.Tensor) -> np.ndarray:
         """(B, T, 3, crop, crop) prepared clips → (B, D) float32 embeddings."""
+        return self._forward(x).cpu().numpy()
+
+    @torch.no_grad()
+    def embed_frames(self, clips: list[torch.Tensor], ready=(), times: StageTimes | None = None):
+        """uint8 clips on this encoder's device as the decoders hand them over ((T, H, W, 3) a clip, (1, H, W, 3) a
+        static clip; any sizes) → (B, D) embeddings: extraction's path, preparation on the device for the whole batch
+        (Preprocess.on_device). `ready`: CUDA events the clips' copies recorded. On CPU the embeddings come back as an
+        array; on CUDA as Pending, whose numpy() waits, so this thread can queue the next batch meanwhile."""
+        if self.device.type != "cuda":
+            t0 = time.perf_counter()
+            x = self.preprocess.on_device(clips, self.num_frames)
+            t1 = time.perf_counter()
+            out = self._forward(x).numpy()
+            if times is not None:
+                times.add(prepare=t1 - t0, forward=time.perf_counter() - t1)
+            return out
+        stream = torch.cuda.current_stream(self.device)
+        for ev in ready:
+            stream.wait_event(ev)
+        for c in clips:  # made on another stream: its memory is not reused before this stream is done with it
+            c.record_stream(stream)
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)] if times is not None else []
+        if marks:
+            marks[0].record(stream)
+        x = self.preprocess.on_device(clips, self.num_frames)
+        if marks:
+            marks[1].record(stream)
+        emb = self._forward(x)
+        if marks:
+            marks[2].record(stream)
+        host = torch.empty(emb.shape, dtype=emb.dtype, pin_memory=True)
+        host.copy_(emb, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(stream)
+        return Pending(host, done, marks, times)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, 3, crop, crop) prepared clips → (B, D) float32 embeddings on this encoder's device."""
         assert x.shape[1] == self.num_frames, f"encoder wants {self.num_frames}-frame clips, got {x.shape[1]}"
         # one memory layout (channels last, what prepare() gives a whole batch): the kernels' results depend on it,
         # and a clip's latent must not depend on how its batch was put together
@@ -86,7 +132,23 @@ class FrozenEncoder:
                 h = self.model(pixel_values_videos=x, skip_predictor=True).last_hidden_state
             else:
                 h = self.model(pixel_values=x).last_hidden_state
-        return h.float().mean(1).cpu().numpy()  # (B, D)
+        return h.float().mean(1)  # (B, D)
+
+
+@dataclass
+class Pending:
+    """A CUDA batch's embeddings on their way to pinned host memory."""
+    host: torch.Tensor
+    done: "torch.cuda.Event"
+    marks: list
+    times: StageTimes | None
+
+    def numpy(self) -> np.ndarray:
+        self.done.synchronize()
+        if self.times is not None and self.marks:
+            e0, e1, e2 = self.marks
+            self.times.add(prepare=e0.elapsed_time(e1) / 1e3, forward=e1.elapsed_time(e2) / 1e3)
+        return self.host.numpy()
 
 
 def pick_device(device: str = "auto") -> tuple[torch.device, torch.dtype | None]:
