@@ -113,7 +113,23 @@ def render_configuration() -> str:
                 f"- default: {_show_default(_default(f))}\n"]
         if md.get("unit"):
             out.append(f"- unit: {md['unit']}\n")
-    return "".join(out + render_training())
+    return "".join(out + render_training() + render_candidates())
+
+
+def render_candidates() -> list[str]:
+    """The publish rule's candidate family (splavu_core/evaluation/operating_point.py CANDIDATES)."""
+    from splavu_core.evaluation.operating_point import CANDIDATES, Z_SAFE
+
+    out = ["\n## The publish rule's candidates\n\n",
+           "With `operating_point` `\"rule\"` (the default), training fits each of these changes of the configuration "
+           "asked for, scores them on the store's selection split and picks one: the most private of those predicted "
+           f"to pass both gates (z >= {Z_SAFE}), else the most likely to pass ([method](method.md#the-publish-rule-which-"
+           "operating-point-a-store-publishes)). `splavu curve` shows the candidates' figures on a store.\n\n",
+           "| candidate | changes |\n|---|---|\n"]
+    for name, changes in CANDIDATES.items():
+        shown = ", ".join(f"`{k}` = {_show_default(v)}" for k, v in changes.items()) or "none: the configuration as given"
+        out.append(f"| `{name}` | {shown} |\n")
+    return out
 
 
 def render_training() -> list[str]:
@@ -379,7 +395,8 @@ def _missing_report(path: Path) -> str:
 
 
 def render_results(report_path: Path, commit: str | None = None, machine: str | None = None, title: str = "Results",
-                   curve_png: str = "results_keep_family.png", intro: str = "") -> str:
+                   curve_png: str = "results_operating_point.png", intro: str = "",
+                   publish_rate: Path | None = None) -> str:
     """The report's main tables: per-task values with intervals, leakage removed, attackers, gates, costs."""
     report_path = Path(report_path)
     if not report_path.is_file():
@@ -465,7 +482,9 @@ def render_results(report_path: Path, commit: str | None = None, machine: str | 
 
     out.append(_render_gates(report_path.parent / "gates" / f"{version}.json", version))
 
-    out.append(_render_curve(report_path.parent / "keep_family.json", curve_png))
+    out.append(_render_operating_point(report_path.parent / "operating_point.json", curve_png))
+    if publish_rate is not None:
+        out.append(_render_publish_rate(publish_rate))
 
     from splavu_core.store.costs import DEMO_STAGES
 
@@ -522,7 +541,10 @@ def _render_interactions(metrics_dir: Path, version: str | None) -> str:
                     _table(["Features"] + classes, body)])
 
 
-CURVE_PNG = {"results": DOCS / "results_keep_family.png", "results_action": DOCS / "results_action_keep_family.png"}
+CURVE_PNG = {"results": DOCS / "results_operating_point.png",
+             "results_action": DOCS / "results_action_operating_point.png"}
+# benchmarks/publish_rule.py --record: the publish rule over draws, worlds and erasures, rendered into each page
+PUBLISH_RATE = {"results": DOCS / "publish_rate.json", "results_action": DOCS / "publish_rate_action.json"}
 ACTION_INTRO = ("The same demo on the second shipped encoder (`splavu demo --full --encoder action --store store_action`, "
                 "with the pixel baselines on AR: `splavu baselines --only blur blacken --masks rendered --dataset ar`): a "
                 "VideoMAE trained as real video foundation models are, on actions and masked reconstruction, with no "
@@ -569,22 +591,73 @@ def _render_compared(path: Path, report_rows: list[dict]) -> str:
         f"\nNot run on this store: {', '.join(missing)}.\n" if missing else ""])
 
 
-def _render_curve(path: Path, curve_png: str) -> str:
-    """The keep family's curve (`keep_family_curve`, stage 6 of `make demo`) when the report's store holds one."""
+def _render_operating_point(path: Path, curve_png: str) -> str:
+    """The publish rule's record (reports/operating_point.json: every candidate on the selection split, the pick)."""
     if not path.is_file():
         return ""
-    from splavu_core.evaluation.keep_curve import curve_markdown
+    from splavu_core.evaluation.operating_point import markdown
 
-    curve = json.loads(path.read_text())
-    ks = ", ".join(str(m["k"]) for m in curve["members"] if m.get("k") is not None)
+    rec = json.loads(path.read_text())
+    if not rec.get("members"):
+        return f"\n## The operating point (publish rule)\n\n{rec.get('why')}\n"
     return "".join([
-        "\n## The keep family's curve (validation split)\n\n",
-        f"Widths k = {ks} scored like the gates (same attackers, seeds {', '.join(map(str, curve['seeds']))}); "
-        f"the chosen k is the largest that passes both (privacy budget {curve['budget']}, utility floor "
-        f"{curve['floor']}): **{curve.get('chosen_k') or 'none'}**. It took {curve.get('seconds')} s.\n\n",
-        curve_markdown(curve), "\n",
-        f"\n![privacy against utility for each width]({curve_png})\n" if (path.parent / "keep_family.png").is_file()
-        else ""])
+        "\n## The operating point (publish rule, selection split)\n\n",
+        f"Each candidate fitted on this store and scored on its selection split (people of their own, never the "
+        f"validation or test videos), seeds {', '.join(map(str, rec['seeds']))}; the rule "
+        f"([method](method.md#the-publish-rule-which-operating-point-a-store-publishes)) picked "
+        f"**{rec['chosen']}**: {rec['why']}. It took {rec.get('seconds')} s.\n\n",
+        markdown(rec), "\n",
+        f"\n![each candidate's AR retention against its weakest privacy part, selection split]({curve_png})\n"
+        if (path.parent / "operating_point.png").is_file() else ""])
+
+
+def _spread(values: list) -> str:
+    """median [min, max] of the non-missing values."""
+    import statistics
+
+    v = sorted(x for x in values if x is not None)
+    if not v:
+        return "—"
+    return f"{statistics.median(v):.2f} [{v[0]:.2f}, {v[-1]:.2f}]"
+
+
+def _render_publish_rate(path: Path) -> str:
+    """benchmarks/publish_rule.py's records (--record): per set of runs, how many publish, what the rule picked, and
+    the picks' figures on validation and, where measured, on test (median and range over the runs)."""
+    if not path.is_file():
+        return ""
+    records = json.loads(path.read_text())
+    parts = [("privacy", "close-ups"), ("clip_privacy", "clips"), ("reid", "linkage"), ("ar", "AR"), ("tad", "TAD"),
+             ("ad", "AD")]
+    out = ["\n## The publish rule over draws, worlds and erasures\n\n",
+           "Each run fits the rule's candidates on one store, picks one on the selection split and judges the pick "
+           "by the gates' rules on validation (`benchmarks/publish_rule.py`); a run publishes when both gates would "
+           "pass. Figures are the pick's, median [range] over the runs. The rate's interval is Clopper-Pearson "
+           f"95%. From `docs/{path.name}`, with the commit and machine of each set.\n\n"]
+    body = []
+    for r in records:
+        sm = r["summary"]
+        picks = ", ".join(f"{k} {v}" for k, v in sm["chosen"].items() if v)
+        val = {t: _spread([(f["candidates"][f["chosen"]]["val"] or {}).get(t, [None])[0] for f in r["runs"]])
+               for t, _ in parts[:4:3]}
+        body.append([r["label"], f"{sm['publishing']} of {sm['runs']}",
+                     f"{sm['rate']:.2f} [{sm['rate_ci95'][0]:.2f}, {sm['rate_ci95'][1]:.2f}]", picks,
+                     val["privacy"], val["ar"], f"`{r.get('commit')}`"])
+    out.append(_table(["runs", "publish", "rate [95%]", "picked", "close-ups removed (val)", "AR retention (val)",
+                       "commit"], body))
+    tested = [r for r in records if any("test" in f for f in r["runs"])]
+    if tested:
+        out += ["\nThe picks that publish, read on the TEST split (what the report would say of them); a pick keeps "
+                "its promise when close-ups, clips and linkage removed are at least 0.5 and every trained task keeps "
+                "at least the utility floor, none lost beyond the noise:\n\n"]
+        body = []
+        for r in tested:
+            runs = [f for f in r["runs"] if f["publishes"] and "test" in f]
+            kept = sum(f["keeps_promise"]["kept"] for f in runs)
+            body.append([r["label"], f"{kept} of {len(runs)}"] +
+                        [_spread([f["test"].get(t, [None])[0] for f in runs]) for t, _ in parts])
+        out.append(_table(["runs", "keeps its promise"] + [h for _, h in parts], body))
+    return "".join(out)
 
 
 def _seconds(v) -> str:
@@ -651,13 +724,14 @@ def outputs(report: Path = DEFAULT_REPORT, targets=TARGETS, action_report: Path 
     reports = {"results": Path(report), "results_action": Path(action_report)}
     render = {"cli": render_cli, "configuration": render_configuration, "catalog": render_catalog,
               "report-fields": render_report_fields,
-              "results": lambda: render_results(reports["results"], curve_png=CURVE_PNG["results"].name),
+              "results": lambda: render_results(reports["results"], curve_png=CURVE_PNG["results"].name,
+                                                publish_rate=PUBLISH_RATE["results"]),
               "results_action": lambda: render_results(
                   reports["results_action"], title="Results on the second encoder", curve_png=CURVE_PNG[
-                      "results_action"].name, intro=ACTION_INTRO)}
+                      "results_action"].name, intro=ACTION_INTRO, publish_rate=PUBLISH_RATE["results_action"])}
     out: dict[Path, str | bytes] = {DOCS / f"{t}.md": render[t]() for t in targets}
     for page, png_out in CURVE_PNG.items():
-        png = reports[page].parent / "keep_family.png"
+        png = reports[page].parent / "operating_point.png"
         if page in targets and png_out.name in out[DOCS / f"{page}.md"] and png.is_file():
             out[png_out] = png.read_bytes()
     return out

@@ -23,7 +23,7 @@ def test_the_rule_picks_the_most_private_candidate_predicted_to_pass_both_gates(
                member("private", (0.72, 0.69, 0.75), (1.01, 0.98, 1.04)),  # safe, more private: picked
                member("lossy", (0.80, 0.77, 0.83), (0.93, 0.90, 0.96))]    # most private, loses AR: not safe
     choice = op.pick(members, ["ar"], BUDGET, FLOOR)
-    assert choice["chosen"] == "private" and set(choice["safe"]) == {"useful", "private"}
+    assert choice["chosen"] == "private" and set(choice["safe"]) == {"useful", "private"} and not choice["limits"]
     assert members[2]["assessment"]["weakest"] == "AR" and members[2]["assessment"]["z_min"] < op.Z_SAFE
 
 
@@ -32,6 +32,9 @@ def test_without_a_safe_candidate_the_rule_picks_the_most_likely_to_publish_and_
                member("lossy", (0.75, 0.70, 0.80), (0.94, 0.89, 0.99))]  # AR below the floor
     choice = op.pick(members, ["ar"], BUDGET, FLOOR)
     assert not choice["safe"] and choice["chosen"] == "thin" and "no candidate is predicted" in choice["why"]
+    # what holds the family back: AR is cleared by one candidate, but not with confidence (more data would decide)
+    (line,) = choice["limits"]
+    assert line.startswith("no candidate clears AR (best: thin, 1.000") and line.endswith("would decide it")
     # a part's z: its estimate's distance past the gate's bar, in the two splits' noise
     z = members[0]["assessment"]["z"]
     half = 0.05

@@ -18,10 +18,10 @@ def test_an_interval_holding_the_budget_is_undecidable_and_says_what_would_decid
     # that many more videos narrow the half-width (as 1/sqrt(n)) until the lower end reaches the budget
     half = (PART["leakage_removed"] - PART["leakage_removed_ci_low"]) * math.sqrt(63 / (63 + more))
     assert PART["leakage_removed"] - half >= 0.5 - 1e-9 and people == math.ceil(more * 12 / 63)
-    ok, why = ledger._verdict_one({**PART, "leakage_removed": 0.3}, 0.5)  # estimate below: the step is another k (the curve)
+    ok, why = ledger._verdict_one({**PART, "leakage_removed": 0.3}, 0.5)  # estimate below: the rule's record says why
     assert not ok and "undecidable" in why and "below the budget" in why and "splavu curve" in why
     ok, why = ledger._verdict_one({**PART, "leakage_removed": 0.3, "leakage_removed_ci_high": 0.45}, 0.5)
-    assert not ok and why.endswith("`)") and ": FAILED; another keep width may remove more" in why
+    assert not ok and why.endswith("what holds the family back") and ": FAILED; the publish rule's record" in why
 
 
 def test_raw_at_chance_is_no_signal_and_says_passed_or_failed():

@@ -208,7 +208,31 @@ def pick(members: list[dict], seen: Sequence[str], budget: float, floor: float, 
         a = best["assessment"]
         why = (f"{best['name']}: no candidate is predicted to pass both gates 95 times in 100 on selection; the most "
                f"likely to ({a['p_publish']:.0%} predicted), held back by {a['weakest']} (z {a['z_min']:.2f})")
-    return {"chosen": best["name"], "why": why, "safe": [m["name"] for m in safe]}
+    return {"chosen": best["name"], "why": why, "safe": [m["name"] for m in safe], "limits": limits(members)}
+
+
+def limits(members: list[dict]) -> list[str]:
+    """What holds the family back, part by part (after `assess`): a part no candidate is predicted to clear (its best
+    z below 0: its estimates fall short of the bar, so more data would most likely confirm it; another encoder, or
+    more of what the part needs, is the route), or one none clears with confidence (best z in [0, Z_SAFE): more
+    selection and validation videos of more people would decide it). Empty when some candidate is safe."""
+    if any(m["assessment"]["z_min"] >= Z_SAFE for m in members):
+        return []
+    out = []
+    parts = sorted({t for m in members for t in m["assessment"]["z"]})
+    for t in parts:
+        zs = [(m["assessment"]["z"][t], m) for m in members if t in m["assessment"]["z"]]
+        z, m = max(zs, key=lambda zm: zm[0])
+        fig = m["figures"][t]
+        what = f"{PART_NAMES.get(t, t)} (best: {m['name']}, {fig[0]:.3f} [{fig[1]:.3f}, {fig[2]:.3f}], z {z:.2f})"
+        if z < 0:
+            out.append(f"no candidate is predicted to clear {what}: its estimates fall short of the gate's bar; "
+                       f"another encoder (or, for a task, more of its labelled videos) would change that, not more "
+                       f"of the same data")
+        elif z < Z_SAFE:
+            out.append(f"no candidate clears {what} with confidence: more selection and validation videos of more "
+                       f"people would decide it")
+    return out
 
 
 # The parts every candidate is scored on first: those that bound the choice on the demo's stores (the close-ups and
@@ -285,7 +309,8 @@ def plot_png(record: dict) -> bytes:
 
 
 def summary_line(record: dict) -> str:
-    return f"operating point (publish rule, on {record['split']}): {record['why']}"
+    tail = "".join(f"; {line}" for line in record.get("limits") or [])
+    return f"operating point (publish rule, on {record['split']}): {record['why']}{tail}"
 
 
 

@@ -367,10 +367,10 @@ def _verdict_one(measure: dict, threshold: float) -> tuple[bool, str]:
     return False, f"{what} {lr:.3f} (95% CI low {low:.3f}){by} < budget {threshold:g}: FAILED; {WIDTH_ADVICE}"
 
 
-# The gate's one piece of advice about the width: narrower is not always more private (on both demo encoders k = 8
-# removed no more close-up leakage than k = 11), so it points at the store's own curve.
-WIDTH_ADVICE = ("another keep width may remove more (`splavu curve` scores them on this store, then `splavu train "
-                "--config '{\"keep\": K}'`)")
+# The gate's one piece of advice about the configuration: the publish rule already picked the candidate most likely
+# to pass on this store, so it points at the rule's record, which says what holds the family back.
+WIDTH_ADVICE = ("the publish rule's record (`splavu curve`, reports/operating_point.json) shows every candidate on "
+                "the selection split and what holds the family back")
 
 
 def _on(measure: dict) -> str:
@@ -393,8 +393,7 @@ def power_advice(measure: dict, threshold: float) -> str:
     more = max(1, needed - n)
     people = measure.get("n_subjects")
     who = f" of about {max(1, math.ceil(more * people / n))} more people" if people else ""
-    return (f"about {more} more validation videos{who} would decide it (the interval narrows as 1/sqrt(videos)); "
-            f"or another keep width may remove more (`splavu curve` scores them on this store)")
+    return f"about {more} more validation videos{who} would decide it (the interval narrows as 1/sqrt(videos))"
 
 
 # A retention interval wider than this judges nothing (the demo must judge AD to +-0.15, benchmark v3).
