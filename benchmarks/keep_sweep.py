@@ -1,15 +1,15 @@
-"""The keep family's curve on validation, its task ablation and its variants (prints JSON); the library is
-splavu_core/evaluation/keep_curve.py, which the `keep_family_curve` asset also runs.
+"""The keep family's widths, its task ablation, its shrinkage and its variants, scored in memory (prints JSON); the
+library is splavu_core/evaluation/keep_curve.py. Research, not the product: which configuration a store publishes
+is the publish rule's choice (splavu_core/evaluation/operating_point.py, `splavu curve`).
 
-    python benchmarks/keep_sweep.py --store store --k 8 11 14 17 20 24 [--mark VERSION] [--variant paper]  # curve (val)
+    python benchmarks/keep_sweep.py --store store --k 8 11 14 17 20 24 [--mark VERSION] [--variant paper]
     python benchmarks/keep_sweep.py --store store --split test --seen ar tad ad ar,tad ar,ad tad,ad ar,tad,ad
-    python benchmarks/keep_sweep.py --store store --seen ar tad ad ar,tad,ad --ridge 0.001 0.01 0.1 1  # shrinkage (val)
+    python benchmarks/keep_sweep.py --store store --seen ar tad ad ar,tad,ad --ridge 0.001 0.01 0.1 1  # shrinkage
 
---split val scores validation videos only (a dataset's `val` videos, else a deterministic carve of its train
-videos), never the report's test split. The curve run writes <store>/reports/keep_family.{json,png} with the
-operating point (the largest k passing both gates' rules). --seen fits one member per task set (the paper's task
-ablation); with --ridge on validation it also chooses the shrinkage (keep_curve.choose_ridge). A test-split or
-ridge run is written beside the curve (keep_family_test*, keep_tasks_seen*) and chooses no k.
+--split select (the default) scores the selection videos: never the validation videos the gates read (choosing
+there would spend the gates' confidence), never the report's test split unless asked. Each run is written to
+<store>/reports/keep_family_<split>*.{json,png} (keep_tasks_seen* for --seen); with --seen on the selection split
+it also chooses the shrinkage (keep_curve.choose_ridge).
 """
 from __future__ import annotations
 
@@ -22,9 +22,7 @@ from splavu_core.evaluation.keep_curve import (
     choose_ridge,
     family_sets,
     heldout_classes,
-    keep_curve,
     load_inputs,
-    operating_point,
     plot_png,
     score_family,
 )
@@ -53,7 +51,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--store", default="store")
     ap.add_argument("--k", type=int, nargs="+", default=[14])
-    ap.add_argument("--split", choices=["val", "test"], default="val")
+    ap.add_argument("--split", choices=["select", "val", "test"], default="select")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--budget", type=float, default=privacy_threshold(), help="default: the privacy gate's")
     ap.add_argument("--floor", type=float, default=utility_fraction(), help="default: the utility gate's")
@@ -89,14 +87,6 @@ def main():
         print(json.dumps({"seconds": out["seconds"]}), flush=True)
         return
     vsets, marks = variant_sets(store, inp.data, inp.raw, args.variant)
-    if args.split == "val" and not args.seen and not args.ridge:  # the curve and its operating point, as the asset
-        out, _ = keep_curve(store, args.k, args.seeds, versions=args.mark, budget=args.budget, floor=args.floor,
-                            extra_sets=vsets, extra_marks=marks, inputs=inp, recentres=recentres)
-        for m in out["marks"] + out["members"]:
-            print(json.dumps(m), flush=True)
-        print(json.dumps({"chosen_k": out["chosen_k"], "budget": args.budget, "split": "val",
-                          "seconds": round(time.perf_counter() - t0, 1)}), flush=True)
-        return
     sets, members = family_sets(inp, args.k, ridges=args.ridge, seens=args.seen, recentres=recentres)
     raw_rows = score_family(store, inp, {**sets, **vsets}, members, marks, args.mark, args.split, args.seeds)
     for m in marks + members:
@@ -107,20 +97,16 @@ def main():
            "seconds": round(time.perf_counter() - t0, 1)}
     (store.root / "reports").mkdir(exist_ok=True)
     if args.seen:
-        if args.split == "val":  # the shrinkage is chosen on validation only
+        if args.split == "select":  # the shrinkage is chosen on the selection split only
             out["chosen_ridge"] = choose_ridge(members, args.budget)
             print(json.dumps({"chosen_ridge": out["chosen_ridge"]}), flush=True)
         stem = "keep_tasks_seen" if args.split == "test" else f"keep_tasks_seen_{args.split}"
         (store.root / "reports" / f"{stem}.json").write_text(json.dumps(out, indent=1))
         return
-    # a test-split run (or a ridge sweep) is a report written beside the validation curve; it chooses no k
-    chosen = operating_point(members, args.budget, args.floor) if args.split == "val" else None
-    out["chosen_k"] = chosen and chosen["k"]
     stem = f"keep_family_{args.split}" + ("_ridges" if args.ridge else "")
     (store.root / "reports" / f"{stem}.json").write_text(json.dumps(out, indent=1))
-    (store.root / "reports" / f"{stem}.png").write_bytes(plot_png(members, chosen, marks))
-    print(json.dumps({"chosen_k": out["chosen_k"], "budget": args.budget, "split": args.split,
-                      "seconds": out["seconds"]}), flush=True)
+    (store.root / "reports" / f"{stem}.png").write_bytes(plot_png(members, None, marks))
+    print(json.dumps({"split": args.split, "seconds": out["seconds"]}), flush=True)
 
 
 if __name__ == "__main__":

@@ -232,8 +232,10 @@ def test_projection_sweep(store_copy):
 
 def test_keep_sweep(store_copy):
     out = run_bench("keep_sweep", "--store", store_copy, "--k", 4, "--seeds", 0)
-    curve = out[-1] if isinstance(out, list) else out
-    assert {"chosen_k", "budget", "split"} <= set(curve) and curve["split"] == "val"
+    members, summary = out[:-1], out[-1]
+    assert summary["split"] == "select" and [m["k"] for m in members] == [4]  # selection, never the gates' videos
+    assert "privacy" in members[0] and "ar" in members[0]
+    assert (Path(store_copy) / "reports" / "keep_family_select.json").is_file()
 
 
 def test_anchor_sweep(store_copy, tiny_videomae):

@@ -146,4 +146,24 @@ def test_the_rule_on_a_store_scores_the_selection_split_and_records_its_pick(sto
         assert not {v.video_id for v in sel} & ({v.video_id for v in val} | {v.video_id for v in probe})
         people = lambda vs: {v.meta.get("subject_id") or v.video_id for v in vs}  # noqa: E731
         assert not people(sel) & people(val)
-        assert pick["units"].get(task) == len(sel)
+        assert task in pick["scored"] and pick["units"].get(task, len(sel)) == len(sel)  # (AR at chance: no figure)
+    assert pick["units"]["privacy"] > 0
+
+
+def test_the_operating_point_job_says_what_the_rule_picks_and_whether_the_current_version_is_it(store_copy):
+    """`splavu curve` runs the job choose_operating_point: the rule without fitting a version, and its WARN check."""
+    import dagster as dg
+
+    from assets.operating_point import current_is_the_rules_pick, operating_point
+    from assets.resources import StoreResource
+
+    res = dg.materialize([operating_point, current_is_the_rules_pick],
+                         resources={"store": StoreResource(root=str(store_copy))},
+                         run_config={"ops": {"operating_point": {"config": {"tasks": ["ar"], "diagnose_steps": 20}}}})
+    md = {k: v.value for k, v in res.asset_materializations_for_node("operating_point")[0].metadata.items()}
+    record = json.loads((store_copy / "reports" / "operating_point.json").read_text())
+    assert md["operating_point"] == record["chosen"] in op.CANDIDATES and md["operating_point_why"] == record["why"]
+    assert "(picked)" in md["operating_point_candidates"] and "data:image/png;base64," in md["operating_point_curve"]
+    check, = res.get_asset_check_evaluations()
+    assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN and "no version is current" in \
+        check.description

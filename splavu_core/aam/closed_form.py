@@ -111,14 +111,16 @@ def pooled_clusters(x: np.ndarray, labels: np.ndarray, people: np.ndarray, min_p
     """x (N, k) clips, labels (N,) their k-means cluster, people (N,) whose clip each is -> labels where every cluster
     holds clips of >= min_people people: the cluster of the fewest people, while that is fewer, joins the cluster
     whose centroid is nearest to its own. So every published centroid averages at least min_people people (what a
-    version's parameters hold of any one person; docs/threat-model.md)."""
+    version's parameters hold of any one person; docs/threat-model.md). Two clusters are always left for recentring
+    to move between: a store whose training videos show too few people for two such clusters keeps two, and the
+    adapter's record says how many people its smallest one holds (fit_recentre_into's fewest_people)."""
     if min_people <= 1:
         return labels
     labels = labels.copy()
     members = {c: set(people[labels == c]) for c in np.unique(labels)}
     cents = {c: x[labels == c].mean(0) for c in members}
     size = {c: int((labels == c).sum()) for c in members}
-    while len(members) > 1:
+    while len(members) > 2:
         c = min(members, key=lambda m: (len(members[m]), m))
         if len(members[c]) >= min_people:
             break
@@ -129,10 +131,6 @@ def pooled_clusters(x: np.ndarray, labels: np.ndarray, people: np.ndarray, min_p
         members[into] |= members.pop(c)
         del cents[c]
         labels[labels == c] = into
-    if len(members) < 2:
-        raise TrainingDataError(f"recentring on clips: the training videos show {len(set(people))} people, too few "
-                                f"for 2 centroids of >= {min_people} people each (recentre_min_people): lower it, or "
-                                f"register more training videos")
     return labels
 
 
@@ -206,6 +204,10 @@ def fit_recentre_into(adapter, stage, data: TrainingData, cfg: TrainConfig, log)
         people = np.concatenate([[person(v)] * len(v.feats) for v in pool])
         out["min_people"] = cfg.recentre_min_people
         out["fewest_people"] = int(min(len(set(people[np.asarray(labels) == c])) for c in set(labels)))
+        if out["fewest_people"] < cfg.recentre_min_people and log:
+            log(f"recentre: the training videos show {len(set(people))} people, too few for 2 centroids of "
+                f">= {cfg.recentre_min_people} people each (recentre_min_people); the smallest of the 2 kept holds "
+                f"{out['fewest_people']}")
     return out
 
 

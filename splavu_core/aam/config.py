@@ -112,8 +112,9 @@ class TrainConfig:
     recentre_restarts: int = documented(4, "recentring on clips: k-means initialisations (seeded by `seed`); the "
                                         "clustering with the lowest inertia is kept (a label-free criterion)")
     recentre_min_people: int = documented(5, "recentring on clips: every centroid averages clips of at least this many "
-                                          "people (training videos' subject_id, else each video its own person): the "
-                                          "clips of a cluster of fewer join the nearest cluster that has them")
+                                          "people (training videos' subject_id, else each video its own person): a "
+                                          "cluster of fewer joins the nearest one (two are always kept; the adapter "
+                                          "records the smallest one's count)")
     heldout_fraction: float = documented(0.2, "static-bearing training videos the diagnostics hold out (the "
                                          "projection fit and the loop do not see them)")
     diagnose_steps: int = documented(300, "training steps of each fresh diagnostic critic")

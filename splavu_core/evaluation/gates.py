@@ -35,11 +35,6 @@ PRIVACY_PARTS = (("privacy", "closeups"), ("clip_privacy", "clips"), ("reid", "l
 UTILITY_TASKS = ("ar", "tad", "ad")
 
 
-# Each version's latest measurement made in this process, with what was scored (raw's and the version's Scored, the
-# version's videos): the keep curve of the same process (`splavu demo`) reuses them instead of scoring them again
-_IN_PROCESS: dict[str, dict] = {}
-
-
 def _key(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -137,8 +132,6 @@ def measure_gates(store: FeatureStore, version: str, base_seed: int = 0, n_seeds
     res = score_sets({"raw": raw, "splavu": anon}, which, ds, split="val", seeds=seeds, probe_kwargs=kw,
                      versions={"splavu": version}, store=store)
     rows = list(res)
-    _IN_PROCESS[version] = {"seeds": seeds, "probe": kw, "datasets": {t: ds[t] for t in which}, "shards": shard_state,
-                            "scored": res.scored, "videos": anon}
 
     def stat(fs_, task, metric):
         hits = [r for r in rows if r["feature_set"] == fs_ and r["task"] == task and r["metric"] == metric]
@@ -205,21 +198,6 @@ def validation_counts(videos, scored_ids) -> dict:
     subjects = [v.meta.get("subject_id") for v in videos if v.video_id in ids]
     known = {str(x) for x in subjects if x is not None}
     return {"n_videos": len(ids), "n_subjects": len(known) if known else None}
-
-
-def scored_in_process(store: FeatureStore, version: str, seeds, probe_kwargs: dict, datasets: dict) -> dict | None:
-    """This process's measurement of `version` when it scored these seeds, probe settings and datasets (task ->
-    dataset) on the store's raw shards as they are now: {"scored": task -> set -> Scored ("raw", "splavu"),
-    "videos": dataset -> the version's videos}; None otherwise."""
-    from splavu_core.evaluation.suite import raw_shards, shard_hashes
-
-    hit = _IN_PROCESS.get(version)
-    if (not hit or hit["seeds"] != list(seeds) or hit["probe"] != probe_kwargs
-            or any(datasets.get(t) != d for t, d in hit["datasets"].items())):
-        return None
-    if hit["shards"] != {t: shard_hashes(store, raw_shards(store, d)) for t, d in hit["datasets"].items()}:
-        return None
-    return hit
 
 
 def privacy_measure_view(measure: dict) -> dict:

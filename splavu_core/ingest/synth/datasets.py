@@ -37,6 +37,7 @@ BENCHMARKS["v3"] = dict(BENCHMARKS["v2"], shortcut_test=True, parent="v2", chang
 # generator of their own, so every video before them (the AAM's training set among them) is v3's
 BENCHMARKS["v4"] = dict(BENCHMARKS["v3"], holdout_sets=True, parent="v3", changes=("ar", "privacy", "tad", "ad"))
 DEFAULT_BENCHMARK = "v4"
+HOLDOUT_KEYS = {"select": 0, "val": 1}  # each holdout's generator: [seed, dataset, 4, key]
 STAMP = "benchmark.json"
 
 # per scale: videos per split (AR: per action), and actor pools. holdouts (v4): dataset -> split -> (videos, people)
@@ -50,12 +51,12 @@ SCALES = {
     "demo": dict(ar=(40, 10, 20), ar_actors=(80, 20, 40), privacy=(600, 300), tad=(80, 20, 40), ad=(80, 40),
                  bias=(30, 20), bias_shortcut=150, gait=(24, 4), tad_frames=(160, 224), ad_frames=(256, 384),
                  ar_extra=(300, 75), tad_extra=(100, 130), ad_extra=(40, 40),
-                 holdouts={"privacy": {"val": 600, "select": 600}, "ar": {"val": (450, 90), "select": (450, 90)},
+                 holdouts={"privacy": {"select": 600, "val": 600}, "ar": {"select": (900, 150), "val": (1550, 200)},
                            "tad": {"select": (60, 20)}, "ad": {"select": (40, 10)}}),
     "large": dict(ar=(120, 30, 60), ar_actors=(240, 60, 120), privacy=(1800, 900), tad=(240, 60, 120),
                   ad=(240, 120), bias=(90, 60), bias_shortcut=450, gait=(72, 4), tad_frames=(160, 224),
                   ad_frames=(256, 384),
-                  holdouts={"privacy": {"val": 1800, "select": 1800}, "ar": {"val": (1350, 270), "select": (1350, 270)},
+                  holdouts={"privacy": {"select": 1800, "val": 1800}, "ar": {"select": (2700, 450), "val": (4650, 600)},
                             "tad": {"select": (180, 60)}, "ad": {"select": (120, 30)}}),
 }
 
@@ -146,9 +147,9 @@ def _plan_privacy(name, cfg, rng, base):
     for split, n in zip(("train", "test"), cfg["privacy"]):
         for _ in range(n):
             one(rng, split)
-    if cfg.get("holdout_sets"):  # v4: from a generator of their own, after the rest (whose bytes stay v3's)
-        extra = np.random.default_rng([*base, 4])
+    if cfg.get("holdout_sets"):  # v4: each from a generator of its own, after the rest (whose bytes stay v3's)
         for split, n in cfg.get("holdouts", {}).get(name, {}).items():
+            extra = np.random.default_rng([*base, 4, HOLDOUT_KEYS[split]])
             for _ in range(n):
                 one(extra, split)
     return plans
@@ -187,12 +188,13 @@ def _evaluation_extra(name, cfg, base, plans, plan_one, pools=(10, 20)):
 
 def _holdouts(name, cfg, base, plans, plan_one):
     """v4: the dataset's holdouts (SCALES' holdouts[name]: split -> (videos, people)), planned AFTER every other
-    video of the dataset from a generator of their own, with people of their own (pool "<split>h", passed to plan_one
-    as `who`): the videos planned before are the same with or without them. Evaluation-only: no static clips."""
+    video of the dataset, each split from a generator of its own, with people of its own (pool "<split>h", passed to
+    plan_one as `who`): the videos planned before are the same with or without them, and the selection split (planned
+    first) does not move when validation grows. Evaluation-only: no static clips."""
     if not cfg.get("holdout_sets"):
         return plans
-    rng = np.random.default_rng([*base, 4])
     for split, (n, people) in cfg.get("holdouts", {}).get(name, {}).items():
+        rng = np.random.default_rng([*base, 4, HOLDOUT_KEYS[split]])
         pool = [random_actor(rng) for _ in range(people)]
         for j in range(n):
             plans.append(plan_one(rng, split, pool, len(plans), j, f"{split}h"))
