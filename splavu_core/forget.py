@@ -138,6 +138,15 @@ def resolve(store: FeatureStore, videos=(), subjects=()) -> tuple[dict[str, dict
             for v, rs in targets.items()}, already
 
 
+def own_files(store: FeatureStore, targets: dict[str, dict]) -> tuple[list[str], list[str]]:
+    """What of `targets` (resolve's) is the user's and an erasure leaves alone: the video files, and the manifests
+    that list them."""
+    regs = registered(store)
+    return (sorted({f for t in targets.values() for f in t["files"]}),
+            sorted({regs[d]["manifest"] for t in targets.values() for s in t["shards"]
+                    if (d := s.rpartition("-")[0]) in regs}))
+
+
 def _training_datasets(store: FeatureStore) -> set[str]:
     """Datasets an AAM may be fitted on (a training role: ar, tad, ad)."""
     return {name for name, reg in registered(store).items() if any(ROLES[r].trains for r in roles_of(reg))}
