@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from splavu_core.aam.config import renamed_to_current
+from splavu_core.aam.config import record_fields
 from splavu_core.evaluation import score_cache
 from splavu_core.ingest.datasets import ROLES, registered, roles_of
 from splavu_core.publish.anonymized_tables import anonymized_key, feature_matrix, published_shards
@@ -226,11 +226,10 @@ def _refit_config(store: FeatureStore, version: str) -> dict:
         extra = store.files.read_json(f"aam/{version}/adapter.json").get("extra", {})
     except FileNotFoundError:
         return {}
-    # a record stored before a rename: names now
-    tc = renamed_to_current(dict((extra.get("operating_point") or {}).get("request") or extra.get("train_config") or {}))
-    adapter = tc.pop("adapter", {}) or {}
+    # flat, under the names now; the adapter's fields the record leaves out at AAMConfig's defaults, as it means them
+    tc = record_fields(dict((extra.get("operating_point") or {}).get("request") or extra.get("train_config") or {}))
     tc.pop("oracle", None)
-    return {**tc, **adapter}
+    return tc
 
 
 # ---------------------------------------------------------------- running it

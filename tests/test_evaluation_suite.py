@@ -448,9 +448,11 @@ def test_variant_configs():
     assert base.variant_train_config("wlc_1000").loop.w_lc == 1000.0 and base.variant_train_config("wlc_1000").loop.epochs == 5
     assert base.variant_train_config("loss_all").loop.w_lc == 10.0
     assert base.variant_train_config("default").adapter["keep"] == 11 and base.variant_train_config("default").adapter["recentre"]
-    assert base.variant_train_config("no_recentre").adapter == {"keep": 11, "layers": 0, "mixer": "mlp", "recentre": False}
-    drawn = base.variant_train_config("keep14_draw4_top3").adapter  # anonymizer v6's option, a delta on the default
-    assert drawn == {"keep": 14, "layers": 0, "mixer": "mlp", "recentre": True, "recentre_draw": 4.0, "recentre_top": 3}
+    no = base.variant_train_config("no_recentre")
+    assert (no.keep, no.layers, no.loop.mixer, no.recentre, no.recentre_draw) == (11, 0, "mlp", False, 0.0)
+    drawn = base.variant_train_config("keep14_draw4_top3")  # anonymizer v6's option, a delta on the default
+    assert (drawn.keep, drawn.layers, drawn.loop.mixer, drawn.recentre, drawn.recentre_draw, drawn.recentre_top) == \
+        (14, 0, "mlp", True, 4.0, 3)
     prev = base.variant_train_config("previous_default")  # a projection of half the dims + 2 MLP blocks + critic
     assert prev.adapter["keep"] == 0 and prev.adapter["layers"] == 2 and prev.projection.projection_fraction == 0.5
     base = AblationConfig(epochs=5, projection_rank=12, layers=2, heads=4)

@@ -162,7 +162,7 @@ def family_sets(inp: FamilyInputs, ks: Sequence[int], ridges: Sequence[float] | 
                 tasks = tuple(t for t in seen.split(",") if t)
                 maps = fit_closed_form(inp.data, tasks, k, cfg)
                 # recentring asked for without centroids (no task 'ar'): the member is keep alone, once
-                for recentred in dict.fromkeys(r and r in maps for r in recentres or [bool(cfg.adapter.get("recentre"))]):
+                for recentred in dict.fromkeys(r and r in maps for r in recentres or [cfg.recentre]):
                     name = (f"keep k={k}" + (" + recentre" if recentred else "") + (f" ridge {ridge:g}" if ridges else "")
                             + (f" seen {seen}" if seens else ""))
                     sets[name] = {d: [dataclasses.replace(v, feats=maps[recentred](v.feats)) for v in vs]
@@ -299,7 +299,7 @@ def keep_curve(store: FeatureStore, ks: Sequence[int] = DEFAULT_KS, seeds: Seque
     reuse = gate_scores(store, reuse_gates_of, inp, sets, seeds) if reuse_gates_of else {}
     raw_rows = score_family(store, inp, {**sets, **(extra_sets or {})}, members, marks, versions, "val", seeds, log,
                             reuse=reuse)
-    own = bool(inp.cfg.adapter.get("recentre")) and any(m["recentre"] for m in members)
+    own = inp.cfg.recentre and any(m["recentre"] for m in members)
     chosen = operating_point([m for m in members if m["recentre"] == own], budget, floor)
     out = {"split": "val", "seeds": list(seeds), "budget": budget, "floor": floor, "members": members,
            "marks": marks, "chosen_k": chosen and chosen["k"], "keep_ridge": inp.cfg.keep_ridge,

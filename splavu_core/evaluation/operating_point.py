@@ -52,7 +52,7 @@ PART_NAMES = {"privacy": "close-ups", "clip_privacy": "action clips", "reid": "l
               "ad": "AD"}
 PROBE_KWARGS = {"privacy": {"attackers": SUITE_NAMES}}  # the gates' judges, as the gates
 
-# The candidate family: name -> the flat TrainConfig / adapter fields it changes in the configuration asked for.
+# The candidate family: name -> the TrainConfig fields (flat names) it changes in the configuration asked for.
 # Ordered from most utility to most privacy (docs/method.md, "The publish rule", says how they were chosen).
 CANDIDATES: dict[str, dict] = {
     "default": {},
@@ -77,14 +77,8 @@ def family(cfg: TrainConfig, names: Sequence[str] | None = None) -> list[Candida
     for name in names or CANDIDATES:
         if name not in CANDIDATES:
             raise ValueError(f"unknown candidate {name!r}; the family: {', '.join(CANDIDATES)}")
-        changes = CANDIDATES[name]
-        adapter = {k: v for k, v in changes.items() if k not in _FLAT_FIELDS}
-        flat = {k: v for k, v in changes.items() if k in _FLAT_FIELDS}
-        out.append(Candidate(name, dict(changes), cfg.replace(**flat, adapter={**cfg.adapter, **adapter})))
+        out.append(Candidate(name, dict(CANDIDATES[name]), cfg.replace(**CANDIDATES[name])))
     return out
-
-
-_FLAT_FIELDS = set(TrainConfig().flat())
 
 
 # ---------------------------------------------------------------- scoring on the selection split
