@@ -3,15 +3,15 @@
 import io
 import json
 import time
+import typing
 
 import dagster as dg
 from pydantic import Field, ValidationError, create_model
 
 from assets.resources import StoreResource
 from splavu_core.aam.io import adapter_version, save_adapter
-from splavu_core.aam.model import DEFAULT_ADAPTER, AAMConfig
 from splavu_core.aam.model import RENAMED as ADAPTER_RENAMED
-from splavu_core.aam.config import RENAMED, TASKS, TrainConfig, config_fields
+from splavu_core.aam.config import RENAMED, TASKS, LoopConfig, ProjectionConfig, TrainConfig, training_fields
 from splavu_core.aam.train import train_aam
 from splavu_core.aam.training_data import load_training_data
 from splavu_core.evaluation.operating_point import choose, markdown, plot_png
@@ -20,32 +20,32 @@ from splavu_core.ingest.datasets import training_plan
 from splavu_core.store import costs
 from splavu_core.store.ledger import record_version
 
-_TYPES = {"float": float, "int": int, "str": str, "bool": bool}
 # a field only some adapters read says which, first thing in its description
-_LABELS = {None: "", "projection": "[appearance projection, off by default] ", "loop": "[trained adapters only] "}
-# chosen per store by datasets.training_plan when left unset
-_PLANNED = {"tasks", "selection"}
+LABELS = {None: "", "projection": "[appearance projection, off by default] ", "loop": "[trained adapters only] "}
 
 
-def _config_fields() -> dict:
-    """Every field train.config_fields lists, flat (same name, type, default; AAMConfig's optional: unset = the
-    default adapter's value, or derived, as projection_rank from projection_fraction), the default adapter's first and each of
-    the others labelled with the stage that alone reads it: the library's dataclasses are the one definition of
-    training; this only states it for Dagster. Flat, so the CLI's --config and stored run configs stay valid."""
-    out = {"tasks": (list[str] | None, Field(default=None, description="utility tasks fitted for (any subset of "
-                     "ar, tad, ad); default: every task whose labelled data is registered")),
-           **{f"{t}_dataset": (str, Field(default="", description=f"default: the dataset registered with role {t}"))
-              for t in TASKS}}
-    for section, f, adapter in config_fields():
-        doc = _LABELS[section] + f.metadata["doc"]
-        if f.name == "selection":
-            out[f.name] = (str, Field(default="", description=f"{_LABELS[section]}val_ar or last; default: val_ar "
-                                                              "when AR has val videos"))
-        elif adapter:
-            unset = DEFAULT_ADAPTER.get(f.name, getattr(AAMConfig, f.name, "derived"))
-            out[f.name] = (_TYPES[f.type] | None, Field(default=None, description=f"adapter: {doc} (unset: {unset!r})"))
-        elif f.name not in _PLANNED:
-            out[f.name] = (_TYPES[f.type], Field(default=f.default, description=doc))
+def dagster_description(section: str | None, f) -> str:
+    """A training field's description as the Dagster config states it: the adapter's own marked `adapter:`, one that
+    only some adapters read labelled with their stage, a planned one saying what is chosen when it is left unset."""
+    planned = f"; unset: {f.metadata['planned']}" if "planned" in f.metadata else ""
+    return ("adapter: " if f.metadata.get("adapter") else "") + LABELS[section] + f.metadata["doc"] + planned
+
+
+def _dagster_fields() -> dict:
+    """config.TrainConfig's fields (its sections flat) as Dagster config fields, with the same name, type, default
+    and description, the default adapter's first; a planned field (tasks, selection) is unset by default, for the
+    store's plan. Flat, so the CLI's --config and stored run configs stay valid. The diagnostic `oracle` is left out:
+    only its ablation variant sets it."""
+    hints = {**typing.get_type_hints(TrainConfig), **typing.get_type_hints(ProjectionConfig),
+             **typing.get_type_hints(LoopConfig)}
+    out = {}
+    for section, f in training_fields():
+        if f.metadata.get("diagnostic"):
+            continue
+        kind = list[str] if hints[f.name] is tuple else hints[f.name]
+        planned = "planned" in f.metadata
+        out[f.name] = (kind | None if planned else kind,
+                       Field(default=None if planned else f.default, description=dagster_description(section, f)))
     return out
 
 
@@ -55,23 +55,19 @@ class _TrainingConfigMethods:
 
     def train_config(self) -> TrainConfig:
         """The library's TrainConfig (tasks / selection as configured; datasets.training_plan fills them in)."""
-        kw = {f.name: getattr(self, f.name) for _, f, adapter in config_fields()
-              if not adapter and f.name not in _PLANNED}
-        return TrainConfig.from_flat({**kw, "tasks": tuple(self.tasks or ()), "selection": self.selection or "val_ar",
-                                      "adapter": self.adapter_fields()})
-
-    def adapter_fields(self) -> dict:
-        """The default adapter (model.DEFAULT_ADAPTER) with the fields this config sets."""
-        return {**DEFAULT_ADAPTER, **{f.name: getattr(self, f.name) for _, f, adapter in config_fields()
-                                      if adapter and getattr(self, f.name) is not None}}
+        kw = {name: getattr(self, name) for name in _TRAINING}
+        return TrainConfig.from_flat({**kw, "tasks": tuple(self.tasks or ()), "selection": self.selection or "val_ar"})
 
 
+_TRAINING = _dagster_fields()
 AAMTrainingConfig = create_model(
     "AAMTrainingConfig", __base__=(dg.Config, _TrainingConfigMethods), __module__=__name__,
     __doc__="How aam_model trains: splavu_core.aam.config.TrainConfig's fields (its projection and loop sections flat, "
-            "each labelled) and the adapter's (splavu_core.aam.model.AAMConfig), with their defaults; plus which "
-            "datasets serve which task.",
-    **_config_fields())
+            "each labelled, the adapter's own marked), with their defaults; plus which datasets serve which task.",
+    tasks=_TRAINING["tasks"],
+    **{f"{t}_dataset": (str, Field(default="", description=f"default: the dataset registered with role {t}"))
+       for t in TASKS},
+    **{n: spec for n, spec in _TRAINING.items() if n != "tasks"})
 
 
 def check_training_config(cfg: dict) -> None:

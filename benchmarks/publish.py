@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 import torch
 
 from splavu_core.aam import AAMConfig, AnonymizingAdapter, load_adapter, save_adapter
-from splavu_core.aam.model import PREVIOUS_DEFAULT_ADAPTER
+from splavu_core.aam.config import PREVIOUS_DEFAULT, TrainConfig
 from splavu_core.publish import anonymized_tables as pub
 from splavu_core.serve import analyst
 from splavu_core.serve import catalog as cat
@@ -94,17 +94,13 @@ RECENTRE_CLASSES = 15  # the demo world's actions: the recentring stage's centro
 
 
 def adapter_config(dim: int, kind: str) -> AAMConfig:
-    """'default': what `aam_model` trains by default (assets.aam.AAMTrainingConfig); 'attention': the
+    """'default': what `aam_model` trains by default (aam.config.TrainConfig); 'attention': the
     sub-token attention adapter (3 layers, 8 heads, 8 sub-tokens of width 64), the earlier default."""
     if kind == "attention":
         return AAMConfig(dim=dim)
-    from assets.aam import AAMTrainingConfig
-
-    c = AAMTrainingConfig()
-    fields = c.adapter_fields()
-    fields.setdefault("projection_rank", int(round(c.projection_fraction * dim)))
-    if kind == "previous":
-        fields = {**PREVIOUS_DEFAULT_ADAPTER, "projection_rank": dim // 2}
+    cfg = TrainConfig() if kind != "previous" else TrainConfig().replace(**PREVIOUS_DEFAULT, projection_rank=dim // 2)
+    fields = cfg.adapter
+    fields.setdefault("projection_rank", int(round(cfg.projection.projection_fraction * dim)))
     if fields.get("recentre"):
         fields["centroids"] = RECENTRE_CLASSES
     return AAMConfig(dim=dim, **fields)

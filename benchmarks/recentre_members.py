@@ -106,7 +106,7 @@ def member_map(m: dict, data, data_out, cfg: TrainConfig):
     cfg = cfg.replace(recentre_cluster_clips=int(m.get("clusters", cfg.recentre_cluster_clips)),
                       keep_w_app=float(m.get("wapp", m.get("wappw", cfg.keep_w_app))),
                       keep_app_within=bool(m.get("wappw")))  # wappw: only the within-action scatter of the stills
-    k = int(m.get("k", cfg.adapter["keep"]))
+    k = int(m.get("k", cfg.keep))
     fit = fit_utility_keep(data, cfg.tasks, k, cfg)
     fit_out = fit_utility_keep(data_out, cfg.tasks, k, cfg) if data_out is not data else fit
     clips = np.concatenate([apply_keep(fit, v.feats) for v in recentre_pool(data, cfg.tasks)]).astype(np.float64)
@@ -219,7 +219,7 @@ def main(argv=None):
 
     if args.pca:
         t = time.perf_counter()
-        k = cfg.adapter["keep"]
+        k = cfg.keep
         emit(f"pca_{k}", None, trivial.baseline_sets(raw, trivial.training_clips(raw, datasets), k)[f"pca_{k}"], t)
     for name in args.members:
         m = parse(name)

@@ -8,7 +8,7 @@ results_action.md.
 
 cli.md comes from the `splavu` argparse parser (`pipeline.cli.build_parser`), configuration.md from the fields of
 `splavu_core.settings.Settings` (their `env`, `doc` and `unit` metadata) and the training fields
-(`splavu_core.aam.config.config_fields`, their `doc` metadata). catalog.md comes from the catalog itself: the views
+(`splavu_core.aam.config.training_fields`, their `doc` metadata). catalog.md comes from the catalog itself: the views
 `splavu_core.serve.catalog.build_catalog` creates on an empty store, with the columns DuckDB reports for them, and the
 view list of that module's docstring. report-fields.md comes from the report's keys in `splavu_core.evaluation.suite`
 and the metrics table's schema. They follow the code, so `--check` (run by tests/test_docs.py) fails when someone
@@ -132,38 +132,44 @@ def render_candidates() -> list[str]:
     return out
 
 
-def render_training() -> list[str]:
-    """The training fields, section by section as splavu_core.aam.config.config_fields orders them: the default
-    adapter's first, then those only the appearance projection or a trained adapter reads."""
-    from splavu_core.aam.model import DEFAULT_ADAPTER
-    from splavu_core.aam.model import RENAMED as ADAPTER_RENAMED
-    from splavu_core.aam.config import RENAMED, SECTION_TITLES, config_fields
+def training_default(f: dataclasses.Field) -> str:
+    """A training field's default as configuration.md shows it."""
+    return f"`{json.dumps(list(f.default))}`" if isinstance(f.default, tuple) else _show_default(f.default)
 
-    names = {f.name for _, f, _ in config_fields()}
+
+def render_training() -> list[str]:
+    """The training fields, section by section as splavu_core.aam.config.training_fields orders them: the default
+    adapter's first, then those only the appearance projection or a trained adapter reads."""
+    from splavu_core.aam.config import RENAMED, SECTION_TITLES, training_fields
+    from splavu_core.aam.model import RENAMED as ADAPTER_RENAMED
+
+    shown = [(section, f) for section, f in training_fields() if not f.metadata.get("diagnostic")]
+    names = {f.name for _, f in shown}
     renamed = ", ".join(f"`{before}` → `{now}`" for now, before in {**RENAMED, **ADAPTER_RENAMED}.items() if now in names)
     out = ["\n## Training configuration\n\n",
            "What `aam_model` fits is set per run, not by the environment: `splavu train --config JSON` and the "
-           "Dagster launchpad take these fields by name, flat (`splavu_core/aam/config.py`: `TrainConfig`, its "
-           "`projection` and `loop` sections, and the adapter's `AAMConfig` fields, marked *adapter*). The default "
+           "Dagster launchpad take these fields by name, flat. They are the fields of `TrainConfig` "
+           "(`splavu_core/aam/config.py`) and its `projection` and `loop` sections, the one definition this page, the "
+           "Dagster config, `--config` and the stored training record are made from; those marked *adapter* are the "
+           "adapter's own (`AAMConfig`), stored with it and read by its version's content hash. The default "
            "adapter is a closed-form fit: the first table is what it reads (`projection_fraction` 0 keeps the "
-           "projection off). Left unset, `tasks` and "
-           "`selection` follow the data the store has registered (`splavu train` prints the plan).\n\n",
+           "projection off). Left unset, `tasks` and `selection` follow the data the store has registered (`splavu "
+           "train` prints the plan).\n\n",
            f"Renamed fields: {renamed}. Adapters and training records stored under the old names still load. "
            "`splavu train --config` refuses an old name and says the new one; the Launchpad refuses it as an "
            "unknown field.\n"]
     sections: dict = {}
-    for section, f, adapter in config_fields():
-        sections.setdefault(section, []).append((f, adapter))
+    for section, f in shown:
+        sections.setdefault(section, []).append(f)
     for section, rows in sections.items():
         title = SECTION_TITLES[section]
         out += [f"\n### {title[0].upper() + title[1:]}\n\n", "| field | type | default | description |\n",
                 "|---|---|---|---|\n"]
-        for f, adapter in rows:
-            default = DEFAULT_ADAPTER.get(f.name, f.default) if adapter else f.default
-            shown = ("from `projection_fraction`" if f.name == "projection_rank" else
-                     f"`{json.dumps(list(default))}`" if isinstance(default, tuple) else _show_default(default))
-            doc = ("*adapter*: " if adapter else "") + f.metadata["doc"]
-            out.append(f"| `{f.name}` | `{f.type}` | {shown} | {_cell(doc)} |\n")
+        for f in rows:
+            doc = ("*adapter*: " if f.metadata.get("adapter") else "") + f.metadata["doc"]
+            if "planned" in f.metadata:
+                doc += f"; unset in a run config: {f.metadata['planned']}"
+            out.append(f"| `{f.name}` | `{_cell(f.type)}` | {training_default(f)} | {_cell(doc)} |\n")
     return out
 
 

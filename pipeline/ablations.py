@@ -30,7 +30,7 @@ from assets.aam import AAMTrainingConfig
 from assets.evaluation import ProbeSettings
 from assets.resources import StoreResource
 from splavu_core.aam.io import adapter_version
-from splavu_core.aam.model import PREVIOUS_DEFAULT_ADAPTER
+from splavu_core.aam.config import PREVIOUS_DEFAULT
 from splavu_core.aam.train import train_aam
 from splavu_core.aam.training_data import load_oracle_labels, load_training_data
 from splavu_core.evaluation.report import ablation_markdown, png_markdown, write_ablation_report
@@ -51,15 +51,12 @@ from splavu_core.ingest.datasets import dataset_of, training_plan
 from splavu_core.store.feature_store import FeatureStore
 
 NO_PROJECTION = {"projection_rank": 0}
-# the previous default (an appearance projection removing half the dimensions, 2 residual MLP blocks, learned critic):
-# the trained family's ablations (losses, w_lc, privacy objectives) are deltas on it, the keep family's on the new
-# default
-PREVIOUS = {"projection_fraction": 0.5, "adapter": PREVIOUS_DEFAULT_ADAPTER}
 
 
 def _previous(**delta) -> dict:
-    adapter = {**PREVIOUS_DEFAULT_ADAPTER, **delta.pop("adapter", {})}
-    return {**PREVIOUS, **delta, "adapter": adapter}
+    """A delta on the previous default (config.PREVIOUS_DEFAULT): the trained family's ablations (losses, w_lc, privacy
+    objectives) are deltas on it, the keep family's on the new default."""
+    return {**PREVIOUS_DEFAULT, **delta}
 
 
 TASK_SETS = {"ar": ("ar",), "tad": ("tad",), "ad": ("ad",), "ar_tad": ("ar", "tad"), "ar_ad": ("ar", "ad"),
@@ -69,30 +66,30 @@ VARIANTS: dict[str, dict] = {
     # the keep family (issue 22): width, the motion directions, a learned block on top, the appearance projection
     # before it;
     # recentring (issue 29) off: the keep default before it
-    "no_recentre": {"adapter": {"recentre": False}},
+    "no_recentre": {"recentre": False},
     # recentring on the trained classes (issue 29's default): private, but unseen tasks lose their video-level signal
     "recentre_classes": {"recentre_on": "classes", "recentre_quantile": 0.8},
     # anonymizer v6's option: one centroid drawn per clip (randomised response), at the width it was measured
-    "keep14_draw4": {"adapter": {"keep": 14, "recentre_draw": 4.0}},
-    "keep14_draw4_top3": {"adapter": {"keep": 14, "recentre_draw": 4.0, "recentre_top": 3}},
-    **{f"keep_k{k}": {"adapter": {"keep": k}} for k in (8, 24, 32)},
+    "keep14_draw4": {"keep": 14, "recentre_draw": 4.0},
+    "keep14_draw4_top3": {"keep": 14, "recentre_draw": 4.0, "recentre_top": 3},
+    **{f"keep_k{k}": {"keep": k} for k in (8, 24, 32)},
     "keep_no_motion": {"keep_w_motion": 0.0},
     "keep_unshrunk": {"keep_ridge": 1e-3},  # the first keep default: no shrinkage of the discriminant
     "keep_dynamic": {"keep_w_dynamic": 1.0},  # + what motion adds to a video (moving minus its static clips)
-    "keep_learned": {"adapter": {"layers": 2, "recentre": False}, "privacy": "critic"},
+    "keep_learned": {"layers": 2, "recentre": False, "privacy": "critic"},
     "keep_after_projection": {"projection_fraction": 0.5},
     "previous_default": _previous(),
     # tasks seen in training (paper Tab. 2 / 4), on the default
     **{f"tasks_{name}": {"tasks": tasks} for name, tasks in TASK_SETS.items()},
     # the trained family: losses (paper Tab. 5); no privacy mechanism at all = neither the loss nor the projection
     "loss_all": _previous(), "loss_no_lt": _previous(tasks=()),
-    "loss_no_lb": _previous(w_b=0.0, adapter=NO_PROJECTION), "loss_no_llc": _previous(w_lc=0.0),
+    "loss_no_lb": _previous(w_b=0.0, **NO_PROJECTION), "loss_no_llc": _previous(w_lc=0.0),
     # privacy objectives (issue 12): the paper's, learned critics, the appearance projection alone, and the labelled
     # frontier
     "paper": {"privacy": "ntxent", "pairs": "static_static", "epochs": 60,
-              "adapter": {"keep": 0, "projection_rank": 0, "mixer": "attention", "layers": 3, "recentre": False}},
-    "critic": _previous(privacy="critic", pairs="static_static", adapter=NO_PROJECTION),
-    "critic_static_action": _previous(privacy="critic", pairs="static_action", adapter=NO_PROJECTION),
+              "keep": 0, "projection_rank": 0, "mixer": "attention", "layers": 3, "recentre": False},
+    "critic": _previous(privacy="critic", pairs="static_static", **NO_PROJECTION),
+    "critic_static_action": _previous(privacy="critic", pairs="static_action", **NO_PROJECTION),
     "projection_only": _previous(w_b=0.0),
     "oracle": _previous(oracle=True),
     **{f"wlc_{w}": _previous(w_lc=float(w)) for w in (0, 1, 10, 100, 1000)},
@@ -129,10 +126,7 @@ class AblationConfig(AAMTrainingConfig, ProbeSettings):
         base = self.train_config().replace(pretrain_head_epochs=self.pretrain_head_epochs,
                                            tasks=tuple(self.tasks if self.tasks is not None else tasks),
                                            selection=self.selection or selection)
-        delta = dict(VARIANTS[variant])
-        if "adapter" in delta:  # a delta on the adapter's fields, not a replacement of all of them
-            delta["adapter"] = {**base.adapter, **delta["adapter"]}
-        return base.replace(**delta)
+        return base.replace(**VARIANTS[variant])
 
 
 # ---------------------------------------------------------------- library side (no dagster context needed)

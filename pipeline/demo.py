@@ -84,14 +84,6 @@ def remove_datasets(data: Path, names) -> None:
         shutil.rmtree(data / name, ignore_errors=True)
 
 
-def ingest_datasets(runner, store, data: Path, names, shard_size: int) -> list[str]:
-    """Register each synthesised dataset from its manifest; the shard keys of all."""
-    inst, keys = runner.instance(), []
-    for name in names:
-        keys += runner.ingest(inst, store, name, str(data / name / "manifest.csv"), shard_size)
-    return keys
-
-
 def install_seconds() -> float | None:
     """`make demo` passes its setup's wall time (SPLAVU_INSTALL_SECONDS); None when run otherwise."""
     return settings().install_seconds

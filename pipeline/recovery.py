@@ -23,6 +23,8 @@ from contextlib import contextmanager
 
 import dagster as dg
 
+from splavu_core.store.feature_store import StoreError
+
 HOST, PID, PID_START = "splavu/host", "splavu/pid", "splavu/pid_start"
 UNFINISHED = [dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.CANCELING,
               dg.DagsterRunStatus.NOT_STARTED]
@@ -75,6 +77,14 @@ def fail_run(instance: dg.DagsterInstance, run: dg.DagsterRun, why: str, log=pri
     if instance.event_log_storage.supports_global_concurrency_limits:
         instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
     log(f"  run {run.run_id[:8]} ({run.job_name}, {owner(run)}) marked failed and its pool slots freed: {why}")
+
+
+def fail_run_by_id(instance: dg.DagsterInstance, run_id: str, why: str, log=print) -> None:
+    """fail_run on the run `run_id` of `instance` (`splavu fail-run`); StoreError when the instance has none."""
+    run = instance.get_run_by_id(run_id)
+    if run is None:
+        raise StoreError(f"no run {run_id!r} in the Dagster instance at {instance.root_directory}")
+    fail_run(instance, run, why, log)
 
 
 def fail_dead_runs(instance: dg.DagsterInstance, log=print) -> list[str]:

@@ -7,6 +7,9 @@ origin (`remote_job_origin`) and repository tag, so the UI's Overview timeline, 
 re-execution find it. It then executes in this process (the in-process executor, chosen in its run config): the
 CLI sees what an asset raised, and needs no daemon or code server. The store and encoder reach the run through its
 run config (resources.store.config.root, ...), as they would from the UI's Launchpad.
+
+A workflow here takes the instance and the store first: `splavu` starts each by name through pipeline/cli.py's
+`launch`, and the tests call them directly.
 """
 from __future__ import annotations
 
@@ -18,7 +21,6 @@ from pathlib import Path
 
 import dagster as dg
 
-from assets.aam import check_training_config  # noqa: F401  (the CLI)
 from assets.anonymized import registered_shards, resolve_version
 from assets.evaluation import EVAL_ASSETS, GATE_CHECKS, privacy_utility_report
 from assets.partitions import shards
@@ -28,11 +30,11 @@ from pipeline.definitions import REPOSITORY_LABEL, REPOSITORY_TAG, job_named
 from pipeline.inprocess import quiet
 from pipeline.launch import execute
 from pipeline.reanonymize import anonymize_run_config
-from pipeline.recovery import fail_run, owned_run  # noqa: F401  (fail_run: the CLI)
-from splavu_core.extract.pixel import BASELINES  # noqa: F401  (the CLI)
+from pipeline.recovery import owned_run
+from splavu_core import forget as fg
 from splavu_core.ingest.datasets import register_dataset
 from splavu_core.settings import settings
-from splavu_core.store.feature_store import FeatureStore
+from splavu_core.store.feature_store import StoreError
 from splavu_core.store.ledger import PublishError
 
 PROJECT = Path(__file__).resolve().parents[1]  # the checkout (editable install) holding dagster.yaml and the Makefile
@@ -50,9 +52,6 @@ def instance() -> dg.DagsterInstance:
     home = str(instance_dir())
     _CHOSEN.add(home)
     return _instance_at(home)
-
-
-default_instance = instance  # for the functions below whose `instance` parameter hides it
 
 
 def instance_dir() -> Path:
@@ -146,8 +145,32 @@ def materialize_shard(inst, shard: str, store: StoreResource, encoder: EncoderRe
     return run_job(inst, "extract_latents", store, assets=selection, partition_key=shard, resources={"encoder": encoder})
 
 
-def train_aam(inst, store: StoreResource, config: dict | None = None) -> dg.JobExecutionResult:
-    return run_job(inst, "train_aam", store, run_config={"ops": {"aam_model": {"config": dict(config or {})}}})
+def extract_shards(inst, store: StoreResource, shards, encoder: EncoderResource):
+    """Each shard's extract_latents run in turn, yielding its row as it finishes: videos, clips, static clips,
+    quarantined, clips/s (every clip encoded, static ones included) and skipped (extracted before)."""
+    for shard in shards:
+        res = materialize_shard(inst, shard, store, encoder)
+        md = {m.asset_key.to_user_string(): m.metadata for m in res.asset_materializations_for_node("extracted_latents")}
+        clip, static = md["clip_latents"], md["static_latents"]
+        yield {"shard": shard, "videos": clip["videos"].value, "clips": clip["clips"].value,
+               "static_clips": static["static_clips"].value if "static_clips" in static else 0,
+               "quarantined": clip["quarantined"].value, "clips_per_s": clip["clips_per_s"].value,
+               "skipped": clip["skipped"].value}
+
+
+def train_aam(inst, store: StoreResource, config: dict | None = None) -> dict:
+    """The `train_aam` job; returns aam_model's metadata values (its `version` among them)."""
+    res = run_job(inst, "train_aam", store, run_config={"ops": {"aam_model": {"config": dict(config or {})}}})
+    return metadata(res, "aam_model")
+
+
+def run_curve(inst, store: StoreResource, config: dict | None = None) -> tuple[dict, list[dict]]:
+    """The `choose_operating_point` job: the operating_point asset's metadata values and its checks' verdicts
+    ({name, passed, description})."""
+    res = run_job(inst, "choose_operating_point", store,
+                  run_config={"ops": {"operating_point": {"config": dict(config or {})}}})
+    return metadata(res, "operating_point"), [{"name": c.check_name, "passed": c.passed, "description": c.description}
+                                              for c in res.get_asset_check_evaluations()]
 
 
 def run_reanonymize(inst: dg.DagsterInstance, store: StoreResource, version: str = "",
@@ -207,6 +230,49 @@ def run_forget(inst: dg.DagsterInstance, store: StoreResource, request_id: str) 
     return out
 
 
+def forget(inst: dg.DagsterInstance, store: StoreResource, videos=(), subjects=(), ids_file: str | None = None,
+           reason: str = "", policy: str | None = None):
+    """`splavu forget`: the requests an earlier run left unfinished, then one for `videos` (and those `ids_file`
+    lists) and `subjects`, each run by the `forget` job (run_forget). Yields what happens, in order: ("request", id,
+    note) before a run and ("ran", run_forget's values) after it; before the new request, ("already", video id) for
+    each video erased before, ("erasing", targets, the user's files, their manifests) and ("policy", policy); or
+    ("nothing else",) when the request was the unfinished one. A failed run raises its error after its "ran"."""
+    if not reason.strip():
+        raise fg.ForgetError("--reason TEXT is required (why; kept in the erasure log, so do not name the person)")
+    named = list(videos) + (fg.read_ids_file(ids_file) if ids_file else [])
+    if not (named or subjects):
+        raise fg.ForgetError("name what to erase: --video ID ..., --subject ID ... or --file F (one video id a line)")
+    feature_store = store.store()
+    finished = []
+    for rid in fg.pending_requests(feature_store):
+        yield from _forget_request(inst, store, rid, note="left unfinished by an earlier run")
+        finished.append(rid)
+    try:
+        targets, already = fg.resolve(feature_store, named, subjects)
+    except fg.ForgetError:
+        if finished:  # the request repeated was the unfinished one: nothing is left of it
+            yield ("nothing else",)
+            return
+        raise
+    yield from (("already", v) for v in already)
+    if not targets:
+        return
+    yield ("erasing", targets, *fg.own_files(feature_store, targets))
+    scope = ", ".join(x for x, given in (("video", videos), ("subject", subjects), ("file", ids_file)) if given)
+    journal = fg.open_request(feature_store, targets, reason, subjects=list(subjects), policy=policy, scope=scope)
+    yield ("policy", journal["policy"])
+    yield from _forget_request(inst, store, journal["request_id"])
+
+
+def _forget_request(inst, store: StoreResource, request_id: str, note: str = ""):
+    yield ("request", request_id, note)
+    out = run_forget(inst, store, request_id)
+    yield ("ran", out)
+    if "error" in out:
+        expected, message = out["error"]
+        raise (StoreError if expected else RuntimeError)(message)
+
+
 def run_failure(res: dg.JobExecutionResult) -> tuple[bool, str]:
     """(expected, one line) of a failed run: a dg.Failure's description (expected), else what was raised first."""
     for ev in res.get_step_failure_events():
@@ -221,29 +287,24 @@ def run_failure(res: dg.JobExecutionResult) -> tuple[bool, str]:
     return False, f"run {res.run_id} failed"
 
 
-def run_evaluation(store, config: dict | None = None, instance: dg.DagsterInstance | None = None,
+def run_evaluation(inst: dg.DagsterInstance, store: StoreResource, config: dict | None = None,
                    raise_on_error: bool = True) -> dg.JobExecutionResult:
     """The `evaluate` job in-process: every *_eval asset, privacy_utility_report and its utility_retention check.
-    store: FeatureStore, StoreResource or root path; config: EvalConfig fields applied to every eval asset (e.g.
-    {"aam_version": ...}). The report is then at <root>/reports/privacy_utility.{json,md,png}."""
-    root = str(getattr(store, "root", store))
+    config: EvalConfig fields applied to every eval asset (e.g. {"aam_version": ...}). The report is then at
+    <root>/reports/privacy_utility.{json,md,png}."""
     ops = {a.node_def.name: {"config": dict(config or {})} for a in EVAL_ASSETS}
     rep = {k: config[k] for k in ("aam_version", "seed", "n_seeds") if config and config.get(k)}
     if rep:
         ops[privacy_utility_report.node_def.name] = {"config": rep}
-    return run_job(instance or default_instance(), "evaluate", StoreResource(root=root),
-                   run_config={"ops": ops}, raise_on_error=raise_on_error)
+    return run_job(inst, "evaluate", store, run_config={"ops": ops}, raise_on_error=raise_on_error)
 
 
-def run_ablations(store, variants=None, epochs: int | None = None, config: dict | None = None,
-                  instance: dg.DagsterInstance | None = None, log=print) -> dict:
+def run_ablations(inst: dg.DagsterInstance, store: StoreResource, variants=None, epochs: int | None = None,
+                  config: dict | None = None, log=print) -> dict:
     """The `ablations` job in-process: one run per variant (default: all), then the report; returns the report dict.
 
-    store: a FeatureStore, StoreResource or root path. epochs: AAM training epochs (default: the base
-    config's). config: further AblationConfig fields (e.g. smaller probes or adapter)."""
-    inst = instance or default_instance()
-    root = str(getattr(store, "root", store))
-    resource = StoreResource(root=root)
+    epochs: AAM training epochs (default: the base config's). config: further AblationConfig fields (e.g. smaller
+    probes or adapter)."""
     cfg = {**(config or {}), **({"epochs": int(epochs)} if epochs else {})}
     names = list(variants or VARIANTS)
     unknown = [v for v in names if v not in VARIANTS]
@@ -251,15 +312,15 @@ def run_ablations(store, variants=None, epochs: int | None = None, config: dict 
         raise ValueError(f"unknown ablation variant(s) {unknown}; choose from {list(VARIANTS)}")
     for v in names:
         t0 = time.perf_counter()
-        res = run_job(inst, "ablations", resource, assets=["ablation_variant"], partition_key=v,
+        res = run_job(inst, "ablations", store, assets=["ablation_variant"], partition_key=v,
                       run_config={"ops": {"ablation_variant": {"config": cfg}}})
         assert res.success, f"ablation variant {v} failed"
         if log:
             log(f"  {v:12s} done in {time.perf_counter() - t0:.0f} s")
-    res = run_job(inst, "ablations", resource, assets=["ablation_report"], partition_key=names[-1],
+    res = run_job(inst, "ablations", store, assets=["ablation_report"], partition_key=names[-1],
                   run_config={"ops": {"ablation_report": {"config": cfg}}})
     assert res.success, "ablation_report failed"
-    return FeatureStore(root).files.read_json("reports/ablations.json")
+    return store.store().files.read_json("reports/ablations.json")
 
 
 def run_baselines(inst, store: StoreResource, encoder: EncoderResource, names, mask_source: str = "none",

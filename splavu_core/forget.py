@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from splavu_core.aam.config import renamed_to_current
+from splavu_core.aam.config import record_fields
 from splavu_core.evaluation import score_cache
 from splavu_core.ingest.datasets import ROLES, registered, roles_of
 from splavu_core.publish.anonymized_tables import anonymized_key, feature_matrix, published_shards
@@ -138,6 +138,15 @@ def resolve(store: FeatureStore, videos=(), subjects=()) -> tuple[dict[str, dict
             for v, rs in targets.items()}, already
 
 
+def own_files(store: FeatureStore, targets: dict[str, dict]) -> tuple[list[str], list[str]]:
+    """What of `targets` (resolve's) is the user's and an erasure leaves alone: the video files, and the manifests
+    that list them."""
+    regs = registered(store)
+    return (sorted({f for t in targets.values() for f in t["files"]}),
+            sorted({regs[d]["manifest"] for t in targets.values() for s in t["shards"]
+                    if (d := s.rpartition("-")[0]) in regs}))
+
+
 def _training_datasets(store: FeatureStore) -> set[str]:
     """Datasets an AAM may be fitted on (a training role: ar, tad, ad)."""
     return {name for name, reg in registered(store).items() if any(ROLES[r].trains for r in roles_of(reg))}
@@ -217,11 +226,10 @@ def _refit_config(store: FeatureStore, version: str) -> dict:
         extra = store.files.read_json(f"aam/{version}/adapter.json").get("extra", {})
     except FileNotFoundError:
         return {}
-    # a record stored before a rename: names now
-    tc = renamed_to_current(dict((extra.get("operating_point") or {}).get("request") or extra.get("train_config") or {}))
-    adapter = tc.pop("adapter", {}) or {}
+    # flat, under the names now; the adapter's fields the record leaves out at AAMConfig's defaults, as it means them
+    tc = record_fields(dict((extra.get("operating_point") or {}).get("request") or extra.get("train_config") or {}))
     tc.pop("oracle", None)
-    return {**tc, **adapter}
+    return tc
 
 
 # ---------------------------------------------------------------- running it

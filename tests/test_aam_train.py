@@ -302,17 +302,61 @@ def test_the_dagster_config_shows_the_defaults_fields_first_and_labels_the_rest(
         check_training_config({"erase_rank": 4, "erase_fraction": 0.5, "keep": 11})
 
 
+def test_every_field_is_defined_once_and_each_consumer_takes_it_from_there():
+    """TrainConfig is the one definition: each of its fields (but the diagnostic oracle) is in the Dagster config and
+    the CLI's --config with the same default (a planned field unset, for the store's plan), in the stored record, and
+    in docs/configuration.md with the same default; the adapter's fields are AAMConfig's, less what training derives."""
+    from assets.aam import AAMTrainingConfig, check_training_config, dagster_description
+    from splavu_core.aam.config import STORED_ADAPTER_BASE, record_fields, training_fields
+    from splavu_core.aam.model import AAMConfig
+
+    docs = (Path(__file__).parents[1] / "docs" / "configuration.md").read_text()
+    documented = dict(re.findall(r"^\| `(\w+)` \| `[^`]+` \| ([^|]+) \|", docs.split("## Training configuration")[1], re.M))
+    dagster = AAMTrainingConfig.model_fields
+    default, record = TrainConfig(), TrainConfig().flat()
+    offered = [(s, f) for s, f in training_fields() if not f.metadata.get("diagnostic")]
+    for section, f in offered:
+        planned = "planned" in f.metadata
+        assert dagster[f.name].default == (None if planned else f.default), f.name
+        assert dagster[f.name].description == dagster_description(section, f), f.name
+        check_training_config({f.name: dagster[f.name].default})  # --config takes it by name, at its default
+        value = default.value(f.name)
+        if f.metadata.get("adapter"):  # stored in the record's `adapter` unless at AAMConfig's own default
+            assert record["adapter"].get(f.name, STORED_ADAPTER_BASE[f.name]) == value, f.name
+        else:
+            assert record[f.name] == value, f.name
+        shown = f"`{json.dumps(list(f.default))}`" if isinstance(f.default, tuple) else \
+            "unset" if f.default is None else f"`{f.default}`"
+        assert documented.pop(f.name).strip() == shown, f.name
+    assert not documented  # the page lists no field the definition lacks
+    assert set(dagster) == {f.name for _, f in offered} | {"ar_dataset", "tad_dataset", "ad_dataset"}
+    assert TrainConfig.from_flat(record) == default
+    derived = {"dim", "centroids", "recentre_clips", "oracle"}  # training sets these (oracle: the diagnostic's)
+    assert {f.name for _, f in offered if f.metadata.get("adapter")} == \
+        {f.name for f in dataclasses.fields(AAMConfig)} - derived
+    assert AAMTrainingConfig().train_config() == default.replace(tasks=())  # tasks unset: planned per store
+    # a record read back as a run config (the refit after `splavu forget`) is what was fitted, the adapter's fields it
+    # leaves out at AAMConfig's defaults too
+    fitted = default.replace(recentre=False, keep=0, mixer="attention", layers=2, projection_rank=0)
+    stored = fitted.flat()
+    assert {"recentre", "keep", "mixer"}.isdisjoint(stored["adapter"])
+    run = {k: v for k, v in record_fields(stored).items() if k != "oracle"}
+    check_training_config(run)
+    assert AAMTrainingConfig(**run).train_config() == fitted
+
+
 def test_the_default_adapter_reads_no_loop_or_projection_fit_field():
     """Every field of the projection and loop sections but the projection's switch changed: the default adapter's weights
     and version stay; a field of its own (keep_ridge) changes them."""
     from splavu_core.aam.io import adapter_version
-    from splavu_core.aam.config import config_fields
+    from splavu_core.aam.config import training_fields
 
     other = {"selection": "last", "epochs": 1, "batch": 7, "lr": 0.5, "head_lr": 0.5, "pretrain_head_epochs": 1,
              "w_lc": 3.0, "w_ar": 0.0, "w_tad": 0.0, "w_ad": 0.0, "w_b": 0.0, "privacy": "ntxent",
              "pairs": "static_static", "temperature": 1.0, "critic_steps": 1, "critic_hidden": 8, "critic_lr": 0.5,
              "diagnose_points": 1, "projection_w_action": 0.0, "projection_w_temporal": 1.0}
-    assert set(other) == {f.name for s, f, adapter in config_fields() if s and not adapter} - {"projection_fraction"}
+    assert set(other) == {f.name for s, f in training_fields() if s and not f.metadata.get("adapter")} - \
+        {"projection_fraction", "oracle"}
     data = toy_data()
     base = TrainConfig.from_flat({"heldout_fraction": 0.0})
 

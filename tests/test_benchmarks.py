@@ -144,7 +144,7 @@ def test_recentre_members_draws_the_adapters_rows(store_copy):
              {"keep_w_app": 3.0, "keep_app_within": True})):
         harness = members.member_map(members.parse(name), data, data, cfg)
         closed[name] = fit_closed_form(data, cfg.tasks, adapter["keep"],
-                                       cfg.replace(adapter={**cfg.adapter, **adapter}, **fields))[True]
+                                       cfg.replace(**adapter, **fields))[True]
         for v in videos:
             np.testing.assert_allclose(harness(v.feats, v.feats), closed[name](v.feats), atol=1e-4, err_msg=name)
     salted = members.member_map(members.parse("k14-sample-tau4-salt1"), data, data, cfg)  # another draw: other rows

@@ -105,7 +105,7 @@ def test_an_unexpected_error_is_one_line_too(tmp_path, capsys, monkeypatch):
 def test_evaluate_says_each_skipped_task_once(tmp_path):
     """The skipped tasks of a store with no data, as the evaluation (scoring.score_sets, what `evaluate` runs)
     reports them for raw and splavu: one line for every task without a dataset (not one per task and feature set)."""
-    from pipeline.cli import skip_lines
+    from pipeline.messages import skip_lines
     from splavu_core.evaluation.scoring import score_sets
     from splavu_core.evaluation.suite import TASKS
     from splavu_core.ingest.datasets import task_datasets
@@ -126,7 +126,7 @@ def test_pair_matching_line_names_its_chance_level():
     print a bare "chance 0.031" whatever the held-out set)."""
     import numpy as np
 
-    from pipeline.cli import pair_matching_line
+    from pipeline.messages import pair_matching_line
     from splavu_core.aam.diagnostics import heldout_split, pair_matching_report
 
     static = np.random.default_rng(0).standard_normal((90, 2, 8)).astype(np.float32)
@@ -204,3 +204,24 @@ def test_the_demo_cost_section_says_what_each_stage_scored_and_reused(tmp_path, 
     md = "\n".join(costs_markdown(costs.compare(store, "v0", [], {})))
     assert "Measurements (a task's protocol on one feature set): gates 12 scored, 0 reused; evaluate 23 scored, " \
            "8 reused (7 reader or attacker runs read back from the store's score cache)." in md
+
+
+def test_the_analysts_commands_load_neither_dagster_nor_torch(tmp_path):
+    """`splavu sql` and `splavu neighbors` answer in a fraction of a second: the CLI reaches Dagster, torch and the
+    assets only through `launch` (and the commands that need them), which these never call."""
+    import subprocess
+    import sys
+
+    from splavu_core.serve.catalog import build_catalog
+    from splavu_core.store.feature_store import FeatureStore
+
+    (tmp_path / "store").mkdir()
+    build_catalog(FeatureStore(tmp_path / "store"))
+    store = str(tmp_path / "store")
+    code = ("import sys; from pipeline.cli import main; "
+            f"rcs = [main(['--store', {store!r}, 'sql', 'SELECT count(*) AS n FROM videos']), "
+            f"main(['--store', {store!r}, 'neighbors', 'ar_00003'])]; "
+            "print(rcs, [m for m in ('torch', 'dagster', 'pipeline.runner', 'assets') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[0, 2] []", out.stdout + out.stderr
+    assert "no AAM version" in out.stderr  # neighbors ran as far as the store, not just the parser

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.runner import run_evaluation
+from pipeline.runner import instance, run_evaluation
 from splavu_core.evaluation import suite
 from splavu_core.evaluation.report import fmt_change, report_markdown
 from splavu_core.serve.catalog import METRICS_SCHEMA
@@ -155,7 +155,7 @@ def test_eval_assets_write_rows_report_and_warn(published, monkeypatch):
     root, version = published
     store = FeatureStore(root)
     monkeypatch.setenv("SPLAVU_UTILITY_GATE", "1e9")  # impossible: the warning must fire
-    res = run_evaluation(StoreResource(root=str(root)), config=FAST_PROBES)
+    res = run_evaluation(instance(), StoreResource(root=str(root)), config=FAST_PROBES)
     assert res.success
 
     # metric rows: both feature sets, the catalog's schema, one file per (feature set, version)
@@ -275,7 +275,7 @@ def test_pixel_baselines_are_scored_and_costed_beside_splavu(published, run_base
         costs.record(store, "splavu", "anonymize", f"{version}/{s}", 0.5)
     costs.record(store, "splavu", "train", version, 2.0)
     run_baseline(store.root, "down4")  # every evaluation dataset of the store
-    assert run_evaluation(StoreResource(root=str(store.root)), config=FAST_PROBES).success
+    assert run_evaluation(instance(), StoreResource(root=str(store.root)), config=FAST_PROBES).success
 
     report = json.loads((store.root / "reports" / "privacy_utility.json").read_text())
     assert [r["name"] for r in report["rows"]] == ["raw", "splavu", "pixel_down4"]
@@ -394,13 +394,14 @@ def _instance_with(store):
 
 def test_ablation_partitions_write_rows_and_report(tiny_store, tmp_path):
     from pipeline.ablations import GROUPS, VARIANTS
+    from assets.resources import StoreResource
     from pipeline.runner import run_ablations
 
     store = _copy(tiny_store, tmp_path / "store")
     cfg = {"batch": 64, "pretrain_head_epochs": 2, "lr": 3e-3, **{k: v for k, v in SMALL_ADAPTER.items()},
            **FAST_PROBES}
-    report = run_ablations(store, variants=["default", "tasks_all"], epochs=2, config=cfg,
-                           instance=dg.DagsterInstance.ephemeral(), log=None)
+    report = run_ablations(dg.DagsterInstance.ephemeral(), StoreResource(root=str(store.root)),
+                           variants=["default", "tasks_all"], epochs=2, config=cfg, log=None)
     d = store.root / "reports" / "ablations"
     a = json.loads((d / "variants" / "default.json").read_text())
     b = json.loads((d / "variants" / "tasks_all.json").read_text())
@@ -447,9 +448,11 @@ def test_variant_configs():
     assert base.variant_train_config("wlc_1000").loop.w_lc == 1000.0 and base.variant_train_config("wlc_1000").loop.epochs == 5
     assert base.variant_train_config("loss_all").loop.w_lc == 10.0
     assert base.variant_train_config("default").adapter["keep"] == 11 and base.variant_train_config("default").adapter["recentre"]
-    assert base.variant_train_config("no_recentre").adapter == {"keep": 11, "layers": 0, "mixer": "mlp", "recentre": False}
-    drawn = base.variant_train_config("keep14_draw4_top3").adapter  # anonymizer v6's option, a delta on the default
-    assert drawn == {"keep": 14, "layers": 0, "mixer": "mlp", "recentre": True, "recentre_draw": 4.0, "recentre_top": 3}
+    no = base.variant_train_config("no_recentre")
+    assert (no.keep, no.layers, no.loop.mixer, no.recentre, no.recentre_draw) == (11, 0, "mlp", False, 0.0)
+    drawn = base.variant_train_config("keep14_draw4_top3")  # anonymizer v6's option, a delta on the default
+    assert (drawn.keep, drawn.layers, drawn.loop.mixer, drawn.recentre, drawn.recentre_draw, drawn.recentre_top) == \
+        (14, 0, "mlp", True, 4.0, 3)
     prev = base.variant_train_config("previous_default")  # a projection of half the dims + 2 MLP blocks + critic
     assert prev.adapter["keep"] == 0 and prev.adapter["layers"] == 2 and prev.projection.projection_fraction == 0.5
     base = AblationConfig(epochs=5, projection_rank=12, layers=2, heads=4)

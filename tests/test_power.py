@@ -38,11 +38,11 @@ def test_raw_at_chance_is_no_signal_and_says_passed_or_failed():
 
 
 def test_the_gate_line_says_undecidable(tmp_path, monkeypatch):
-    from pipeline import cli
+    from pipeline import messages
 
     why = ledger.budget_verdict({**PART, "closeups": PART, "clips": {"skipped": "-"}}, 0.5)[1]
-    monkeypatch.setattr(cli, "read_verdicts", lambda store, v: {"privacy": {"passed": False, "why": why}})
-    line = cli.gate_lines(None, "v")[0]
+    monkeypatch.setattr(messages, "read_verdicts", lambda store, v: {"privacy": {"passed": False, "why": why}})
+    line = messages.gate_lines(None, "v")[0]
     assert line.startswith("gate privacy budget: UNDECIDABLE (not made current) on validation: ")
 
 

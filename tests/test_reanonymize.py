@@ -58,8 +58,7 @@ def train_aam(inst, store, **over) -> str:
     """The `train_aam` job, as `splavu train` runs it."""
     from pipeline import runner
 
-    res = runner.train_aam(inst, store, {**AAM, **over})
-    return res.asset_materializations_for_node("aam_model")[0].metadata["version"].value
+    return runner.train_aam(inst, store, {**AAM, **over})["version"]
 
 
 def execute(env, req: dg.RunRequest) -> dict:
@@ -196,7 +195,7 @@ def test_publish_says_what_it_did(env):
     """First publish: the version became current in this run; again: nothing new, and current since before
     (it used to print "published N clips ... (already current)" for a publish that wrote nothing). Runs right
     after the env's first publish, before other tests add versions and shards."""
-    from pipeline.cli import publish_summary
+    from pipeline.messages import publish_summary
 
     first = publish_summary(env.first)
     assert f"with AAM {env.v1}" in first and f"AAM {env.v1} is now current (was None)" in first

@@ -1,7 +1,7 @@
 """The closed-form stages of an adapter, fitted from the training data with no step of gradient descent: the
 appearance projection (aam/appearance_projection.py), the keep subspace and recentring (aam/keep.py).
 
-The default adapter (DEFAULT_ADAPTER: keep + recentring) is these stages alone; `fit_closed_form` gives the same maps as
+The default adapter (TrainConfig's defaults: keep + recentring) is these stages alone; `fit_closed_form` gives the same maps as
 numpy for the keep curve."""
 from __future__ import annotations
 
@@ -146,8 +146,8 @@ def fit_closed_form(data: TrainingData, tasks, k: int, cfg: TrainConfig) -> dict
         means, labels = recentre_targets(data, tasks, cfg, lambda f: apply_keep(fit, f))
         rfit = fit_recentre(means, labels, cfg.recentre_quantile, per_clip=cfg.recentre_on == "clips")
         per_clip = cfg.recentre_on == "clips"  # drawn or cut per clip only (train.adapter_config drops both else)
-        draw = float(cfg.adapter.get("recentre_draw", 0.0)) if per_clip else 0.0
-        top = int(cfg.adapter.get("recentre_top", 0)) if per_clip else 0
+        draw = cfg.recentre_draw if per_clip else 0.0
+        top = cfg.recentre_top if per_clip else 0
         maps[True] = lambda f: apply_recentre(rfit, apply_keep(fit, f), draw, clip_uniforms(f) if draw else None, top)
     return maps
 

@@ -16,7 +16,7 @@ over those S tokens keeps the adapter non-linear even when it sees one clip at a
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn as nn
@@ -50,57 +50,30 @@ def under_names_now(d: dict, renamed: dict[str, str], what: str) -> dict:
     return {now.get(k, k): v for k, v in d.items()}
 
 
-# The adapter `aam_model` trains unless told otherwise (TrainConfig.adapter, the CLI, Dagster): the keep
-# family's closed form, k = 11 directions of what the tasks need, each video recentred on its expected centroid
-# (TrainConfig.recentre_on: k-means clusters of the training clips by default; docs/method.md: how k and
-# recentring were chosen). AAMConfig's own defaults below are the paper's
-# architecture, for adapters built by hand.
-DEFAULT_ADAPTER = {"keep": 11, "layers": 0, "mixer": "mlp", "recentre": True}
-# The previous default (with TrainConfig projection_fraction 0.5: an appearance projection removing half the dimensions,
-# then 2 residual MLP blocks trained with the learned critic), kept as a named variant
-PREVIOUS_DEFAULT_ADAPTER = {"keep": 0, "layers": 2, "mixer": "mlp", "hidden": 256, "recentre": False}
-
-
-def documented(default, doc: str, **metadata):
-    """A dataclass field with its description (metadata "doc", shown by the Dagster config and
-    docs/configuration.md) and any other metadata: "section" ("projection" or "loop": the stage that alone reads it,
-    see config.config_fields), "derived" (training sets it, not the user)."""
-    return field(default=default, metadata={"doc": doc, **metadata})
-
-
 @dataclass
 class AAMConfig:
-    dim: int = field(metadata={"doc": "D: feature width of the frozen encoder", "derived": True})
-    layers: int = documented(3, "trained residual blocks (paper: 3 ~ 5); 0 (mixer mlp): the fitted stages alone, "
-                             "nothing to train")
-    heads: int = documented(8, "attention heads (paper: 8 best); must divide token_width", section="loop")
-    sub_tokens: int = documented(8, "S: each D-vector is split into S sub-tokens of D/S values; must divide D",
-                                 section="loop")
-    token_width: int = documented(64, "W: width of a sub-token inside the blocks (8 heads x 8 dims by default)",
-                                  section="loop")
-    ffn: bool = documented(False, "add a pre-norm GELU MLP branch after each attention (official AAM has none)",
-                           section="loop")
-    clip_context: bool = documented(False, "also attend over the video's own clips; then anonymizing needs whole "
-                                    "videos", section="loop")
-    projection_rank: int = documented(0, "k: a fitted linear projection removing k appearance directions runs first "
-                                      "(0 = none)", section="projection")
-    mixer: str = documented("attention", "residual blocks: \"attention\" (sub-token attention) or \"mlp\" (per "
-                            "clip; keep needs it)", section="loop")
-    hidden: int = documented(256, "width of an \"mlp\" block (D -> hidden -> D)", section="loop")
-    oracle: bool = documented(False, "trained WITH private-attribute labels: a diagnostic, never publishable",
-                              derived=True)
-    keep: int = documented(0, "k: publish only a fitted k-dim utility subspace (aam/keep.py); 0 = D wide")
-    recentre: bool = documented(False, "replace each video's kept mean by its expected centroid (needs keep)")
-    centroids: int = documented(0, "C: centroids of the recentring stage (set by training, like dim)",
-                                derived=True)
-    recentre_clips: bool = documented(False, "recentring matches each clip to the centroids and moves the video by "
-                                      "the mean of its clips' offsets; False: the video's mean is matched (set by "
-                                      "training from recentre_on)", derived=True)
-    recentre_draw: float = documented(0.0, "T > 0: recentring publishes ONE centroid per clip, drawn from its "
-                                      "posterior at temperature T (keyed by the clip's bytes: the same clip gives "
-                                      "the same row) instead of the posterior's mean; with recentre_on 'clips' only")
-    recentre_top: int = documented(0, "M > 0: recentring's posterior cut to its M most likely centroids "
-                                   "(renormalised) before the mean or the draw; with recentre_on 'clips' only; 0 = all")
+    """The adapter's architecture and the sizes its fit found: what adapter.json stores as `config` and the version's
+    content hash reads. What `aam_model` trains, with the shipped defaults and every field's meaning, is set by
+    aam/config.py's TrainConfig (its `adapter` fields), plus what training derives (dim, centroids, recentre_clips,
+    oracle). The defaults here are the paper's architecture (3 sub-token attention blocks, nothing kept or recentred):
+    what an adapter built by hand gets, and what a stored train_config's `adapter` record leaves out."""
+    dim: int                        # D: feature width of the frozen encoder
+    layers: int = 3
+    heads: int = 8
+    sub_tokens: int = 8
+    token_width: int = 64
+    ffn: bool = False
+    clip_context: bool = False
+    projection_rank: int = 0
+    mixer: str = "attention"
+    hidden: int = 256
+    oracle: bool = False            # trained WITH private-attribute labels: a diagnostic, never publishable
+    keep: int = 0
+    recentre: bool = False
+    centroids: int = 0              # C: recentring's centroids, found by the fit
+    recentre_clips: bool = False    # each clip matched to the centroids (True) or the video's mean: from recentre_on
+    recentre_draw: float = 0.0
+    recentre_top: int = 0
 
     def __post_init__(self):
         for f in fields(self):

@@ -1,6 +1,6 @@
 """Fit the AAM from cached latents only (the frozen encoder never runs here): `train_aam`, what aam_model calls.
 
-The default adapter (DEFAULT_ADAPTER) is a closed form, fitted with no step of gradient descent (aam/closed_form.py):
+The default adapter (TrainConfig's defaults) is a closed form, fitted with no step of gradient descent (aam/closed_form.py):
 the keep stage publishes the k directions of the latents that carry the most utility (the fitted tasks' labels and
 the training videos' motion) per unit of everything else (aam/keep.py); recentring then replaces each video's kept mean
 by its expected centroid among k-means clusters of the training clips, or the trained classes (recentre_on). The

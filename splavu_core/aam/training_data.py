@@ -37,9 +37,9 @@ def static_clip_readers(cfg: TrainConfig) -> list[str]:
     none: its weights are the same with 4, 2 or no static clips per video, which then feed only its held-out
     pair-matching diagnostic (skipped without them)."""
     out = []
-    if cfg.adapter.get("layers", 0) and cfg.loop.epochs > 0:
+    if cfg.layers and cfg.loop.epochs > 0:
         out.append("the paper's privacy loss (trained layers)")
-    if cfg.projection.projection_fraction > 0 or cfg.adapter.get("projection_rank"):
+    if cfg.projection.projection_fraction > 0 or cfg.projection.projection_rank:
         out.append("the appearance projection")
     if cfg.keep_w_app > 0 or cfg.keep_w_dynamic > 0:
         out.append("the keep fit's appearance / dynamic terms")

@@ -104,7 +104,7 @@ def family_sets(inp: FamilyInputs, ks: Sequence[int], ridges: Sequence[float] | 
                 tasks = tuple(t for t in seen.split(",") if t)
                 maps = fit_closed_form(inp.data, tasks, k, cfg)
                 # recentring asked for without centroids (no task 'ar'): the member is keep alone, once
-                for recentred in dict.fromkeys(r and r in maps for r in recentres or [bool(cfg.adapter.get("recentre"))]):
+                for recentred in dict.fromkeys(r and r in maps for r in recentres or [cfg.recentre]):
                     name = (f"keep k={k}" + (" + recentre" if recentred else "") + (f" ridge {ridge:g}" if ridges else "")
                             + (f" seen {seen}" if seens else ""))
                     sets[name] = {d: [dataclasses.replace(v, feats=maps[recentred](v.feats)) for v in vs]

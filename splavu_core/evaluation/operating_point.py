@@ -75,14 +75,8 @@ def family(cfg: TrainConfig, names: Sequence[str] | None = None) -> list[Candida
     for name in names or CANDIDATES:
         if name not in CANDIDATES:
             raise ValueError(f"unknown candidate {name!r}; the family: {', '.join(CANDIDATES)}")
-        changes = CANDIDATES[name]
-        adapter = {k: v for k, v in changes.items() if k not in _FLAT_FIELDS}
-        flat = {k: v for k, v in changes.items() if k in _FLAT_FIELDS}
-        out.append(Candidate(name, dict(changes), cfg.replace(**flat, adapter={**cfg.adapter, **adapter})))
+        out.append(Candidate(name, dict(CANDIDATES[name]), cfg.replace(**CANDIDATES[name])))
     return out
-
-
-_FLAT_FIELDS = set(TrainConfig().flat())
 
 
 # ---------------------------------------------------------------- scoring on the selection split

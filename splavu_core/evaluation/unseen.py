@@ -40,7 +40,7 @@ def version_config(store: FeatureStore, version: str) -> TrainConfig:
         tc["recentre_on"] = "classes"
     cfg = TrainConfig.from_flat({k: tuple(v) if k == "tasks" else v for k, v in tc.items()}) if tc else TrainConfig()
     stored = meta.get("config", {})
-    return cfg.replace(adapter={**cfg.adapter, **{k: stored[k] for k in REFIT_FIELDS if k in stored}})
+    return cfg.replace(**{k: stored[k] for k in REFIT_FIELDS if k in stored})
 
 
 def closed_form_why_not(store: FeatureStore, version: str) -> str | None:
@@ -71,12 +71,12 @@ def leave_one_task_out(store: FeatureStore, version: str, split: str = "test", s
     cfg = version_config(store, version)
     inp = load_inputs(store, cfg)
     inp = dataclasses.replace(inp, cfg=dataclasses.replace(inp.cfg, tasks=tuple(cfg.tasks)))
-    k = int(cfg.adapter["keep"])
+    k = cfg.keep
     pca = trivial.baseline_sets(inp.raw, trivial.training_clips(inp.raw, inp.datasets), k)[f"pca_{k}"]
     rows, fits = [], {}  # per task: what the fit read, who judged (and why skipped, if it was)
     for task in [t for t in UTILITY if t in inp.which]:
         tasks = tuple(t for t in inp.cfg.tasks if t != task)
-        sets = {f"unseen_{m}": s for m, s in _members(inp, tasks, k, bool(cfg.adapter.get("recentre")), pca).items()}
+        sets = {f"unseen_{m}": s for m, s in _members(inp, tasks, k, cfg.recentre, pca).items()}
         if log:
             log(f"unseen {task}: fitted on {', '.join(tasks) or 'no task (motion directions)'}")
         res = score_sets({"raw": inp.raw, **sets}, [task], inp.datasets, split=split, seeds=list(seeds), log=log,
@@ -111,13 +111,13 @@ def new_classes(store: FeatureStore, version: str, split: str = "test", seeds: S
     """Per fold and member: AR retention on classes the fit never saw ([value, ci_low, ci_high]), raw's top-1 there."""
     cfg = version_config(store, version)
     inp = load_inputs(store, cfg)
-    k = int(cfg.adapter["keep"])
+    k = cfg.keep
     if not inp.datasets.get("ar") or len(inp.data.classes) < 2 * folds:
         return []
     fit = trivial.fit(trivial.training_clips(inp.raw, inp.datasets), k)[f"pca_{k}"]
-    out = heldout_classes(store, inp, [k], folds=folds, seeds=seeds, recentres=[bool(cfg.adapter.get("recentre")), False],
+    out = heldout_classes(store, inp, [k], folds=folds, seeds=seeds, recentres=[cfg.recentre, False],
                           split=split, baselines={"pca": lambda x, mu=fit[0], q=fit[1]: (x.astype("float64") - mu) @ q})
-    recentre = bool(cfg.adapter.get("recentre"))
+    recentre = cfg.recentre
     for m in out:
         m["member"] = "pca" if m.get("baseline") else ("config" if m.get("recentre") == recentre else "keep")
     return out
