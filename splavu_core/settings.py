@@ -195,7 +195,7 @@ class Settings:
         "SPLAVU_DECODE_WORKERS", None,
         "Video decoder processes per extraction (CPU decoding with decord): each decodes one video at a time on one "
         "core and hands its clips to the encoder through shared memory. Unset: the cores this process may use. 0: "
-        "decode in threads of the extracting process instead (the path before issue 61; pixel baselines always "
+        "decode in threads of the extracting process instead (the older path; pixel baselines always "
         "do). The latents are the same bytes either way. The `encoder` concurrency pool stays the knob for GPUs.",
         "processes", _count)
     decoder: str = _setting(

@@ -254,7 +254,8 @@ FLAT_RECORD = {
     "keep_app_within": False,
     "keep_tad_phases": 3, "keep_w_dynamic": 0.0, "keep_ridge": 0.3, "recentre_quantile": 0.95,
     "recentre_on": "clips", "recentre_cluster_clips": 50,
-    "heldout_fraction": 0.2, "diagnose_points": 4, "diagnose_steps": 300, "oracle": False}
+    "heldout_fraction": 0.2, "diagnose_points": 4, "diagnose_steps": 300, "oracle": False,
+    "operating_point": "rule", "recentre_restarts": 4, "recentre_min_people": 5}
 
 
 def test_flat_names_route_to_their_section_and_the_record_keeps_its_layout():
@@ -273,7 +274,7 @@ def test_flat_names_route_to_their_section_and_the_record_keeps_its_layout():
     with pytest.raises(ValueError, match=r"both \['erase_fraction'\] and their new names \['projection_fraction'\]"):
         TrainConfig.from_flat({"erase_fraction": 0.5, "projection_fraction": 0.5})
     assert c.replace(selection="last").loop == dataclasses.replace(c.loop, selection="last")
-    with pytest.raises(ValueError, match=r"unknown training field\(s\) \['epoch'\]; valid: tasks, seed"):
+    with pytest.raises(ValueError, match=r"unknown training field\(s\) \['epoch'\]; valid: tasks, operating_point, seed"):
         TrainConfig.from_flat({"epoch": 5})
 
 

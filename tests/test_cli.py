@@ -167,11 +167,11 @@ def test_demo_leaves_out_bias_and_gait_by_default_and_the_report_says_so(tmp_pat
 
     store = FeatureStore(tmp_path / "store")
     costs.record_demo(store, {"install": None, "synth": 61.2, "extract": 120.0, "fit": 3.0, "publish": 20.0,
-                              "gates": 9.0, "evaluate": 50.0, "curve": 14.0}, demo_datasets(None)[1])
+                              "gates": 9.0, "evaluate": 50.0}, demo_datasets(None)[1])
     c = costs.compare(store, "v0", [], {})
     md = "\n".join(costs_markdown(c))
-    assert "| install | synth | extract | fit | publish | gates | evaluate | curve | total |" in md
-    assert "| — | 61 | 120 | 3 | 20 | 9 | 50 | 14 | 277 |" in md
+    assert "| install | synth | extract | fit | publish | gates | evaluate | total |" in md
+    assert "| — | 61 | 120 | 3 | 20 | 9 | 50 | 263 |" in md
     assert "**Not run in this demo: bias**" in md and "Not run in this demo: gait" not in md
     assert "install: not measured" in md
 

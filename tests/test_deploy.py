@@ -145,5 +145,5 @@ def test_make_ui_starts_the_webserver_and_the_daemon():
     """`dagster dev` runs both: a webserver alone leaves a Launchpad run in the queue (QueuedRunCoordinator)."""
     import subprocess
 
-    out = subprocess.run(["make", "-n", "ui"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(["make", "--no-print-directory", "-n", "ui"], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.splitlines()[-1].split()[:4] == [".venv/bin/dagster", "dev", "-w", "workspace.yaml"], out

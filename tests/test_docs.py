@@ -213,21 +213,23 @@ def test_results_are_rendered_from_the_report(tmp_path):
     # the report's rows become table rows, in the report's order
     assert text.index("| raw | 0.912") < text.index("| splavu | 0.611")
 
-    assert "keep family" not in text  # no curve in that store
-    (report.parent / "keep_family.json").write_text(json.dumps({
-        "seeds": [0, 1], "budget": 0.5, "floor": 0.9, "chosen_k": 14, "seconds": 12.0, "marks": [],
-        "members": [{"name": f"keep k={k}", "k": k, "recentre": True, "privacy": [p, p - 0.1, p + 0.1],
-                     "clip_privacy": None, "ar": [r, r - 0.05, r + 0.05], "tad": None}
-                    for k, p, r in ((11, 0.7, 0.8), (14, 0.62, 0.95))]}))
-    (report.parent / "keep_family.png").write_bytes(b"\x89PNG fake")
+    assert "operating point" not in text  # no rule's record in that store
+    fig = lambda v, w: [v, v - w, v + w]  # noqa: E731
+    (report.parent / "operating_point.json").write_text(json.dumps({
+        "seeds": [0, 1], "budget": 0.5, "floor": 0.95, "chosen": "k14", "why": "the most private of those safe",
+        "seconds": 12.0,
+        "members": [{"name": n, "changes": {}, "figures": {"privacy": fig(p, 0.04), "ar": fig(r, 0.03)},
+                     "scored": ["privacy", "ar"], "assessment": {"z_min": z, "weakest": "close-ups"}}
+                    for n, p, r, z in (("default", 0.6, 0.99, 1.9), ("k14", 0.62, 0.97, 2.4))]}))
+    (report.parent / "operating_point.png").write_bytes(b"\x89PNG fake")
     text = gen.render_results(report, commit="abc1234", machine="m")
-    assert "k = 11, 14" in text and "**14**" in text and "| keep k=11 | 70% [60, 80] |" in text
-    assert "| **keep k=14 (chosen)** | 62% [52, 72] |" in text and "0.95 [0.90, 1.00]" in text
+    assert "picked **k14**: the most private of those safe" in text and "| default | 0.60 [0.56, 0.64] |" in text
+    assert "| **k14 (picked)** | 0.62 [0.58, 0.66] | 0.97 [0.94, 1.00] | 2.40 (close-ups) |" in text
     assert gen.outputs(report, ("results",))[gen.CURVE_PNG["results"]] == b"\x89PNG fake"
     action = gen.outputs(tmp_path / "nowhere.json", ("results_action",), action_report=report)  # the second encoder's
     assert action[gen.CURVE_PNG["results_action"]] == b"\x89PNG fake"
     page = action[gen.DOCS / "results_action.md"]
-    assert page.count("# Results on the second encoder") == 1 and "results_action_keep_family.png" in page
+    assert page.count("# Results on the second encoder") == 1 and "results_action_operating_point.png" in page
 
     assert "beside other anonymizers" not in text  # no ablations run on that store
     variant = lambda name, removed: {"name": name, "leakage_removed": removed,  # noqa: E731

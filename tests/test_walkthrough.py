@@ -61,7 +61,8 @@ def test_readme_walkthrough(tiny_bench, tiny_videomae, tmp_path, capsys, monkeyp
     train_line = by_cmd["train"][1].splitlines()[0]
     assert train_line.startswith("training on ar (kitchen_actions); without tad, ad")
     # the closed-form default says what it fitted, not "0 parameters, selected epoch 0"
-    assert re.search(rf"AAM {version}: closed-form keep fit, k = 11 of \d+ directions, each video recentred on its "
+    assert "operating point: " in by_cmd["train"][1]  # the publish rule picked the width among its candidates
+    assert re.search(rf"AAM {version}: closed-form keep fit, k = \d+ of \d+ directions, each video recentred on its "
                      r"clips' expected clusters among \d+, no training loop, \d+ s",
                      by_cmd["train"][1])
     assert "not made current" in by_cmd["publish"][1] or "none" in by_cmd["publish"][1]
@@ -74,8 +75,10 @@ def test_readme_walkthrough(tiny_bench, tiny_videomae, tmp_path, capsys, monkeyp
     assert "gate privacy budget: FAILED on validation" in by_cmd["publish"][1]
     curve = by_cmd["curve"]
     assert curve[0] == 0, curve[2]
-    assert "| keep k=11 + recentre |" in curve[1] and "reports/keep_family.json" in curve[1]
-    assert "warning: check keep_width_matches_curve failed: no width of [8, 11, 14, 17, 20, 24] passes" in curve[1]
+    # the publish rule's candidates on the selection split, its pick, and that nothing current is that pick
+    assert re.search(r"^\| (\*\*)?default", curve[1], re.M) and "operating point: " in curve[1], curve[1]
+    assert "reports/operating_point.json (+ .png)" in curve[1]
+    assert "check current_is_the_rules_pick warns: no version is current; the rule picks" in curve[1]
     assert re.search(r"warning: check utility_retention failed: ar_top1 \(seen\): keeps -?[0-9.]+ \[[-0-9., ]+\] of raw's "
                      r"above-chance utility < 1e\+09", evaluate), evaluate
 
