@@ -146,6 +146,15 @@ def main(argv=None):
         line["seconds"] = round(time.perf_counter() - t, 1)
         found.append(line)
         print(json.dumps(line), flush=True)
+        if args.record:  # after every run: a long measurement stopped early keeps the runs it finished
+            save_record(Path(args.record), args, argv, store, found, summarize(found, args, budget, floor),
+                        new=len(found) == 1)
+    print(json.dumps(summarize(found, args, budget, floor)))
+
+
+def summarize(found: list[dict], args, budget: float, floor: float) -> dict:
+    """How many runs publish (with a 95% Clopper-Pearson interval), what the rule picked, and, with --test, how many
+    published picks keep their promise on test."""
     k = sum(f["publishes"] for f in found)
     summary = {"summary": "publish rule", "runs": len(found), "publishing": k,
                "rate": round(k / len(found), 3) if found else None,
@@ -153,17 +162,21 @@ def main(argv=None):
                "chosen": {c: sum(f["chosen"] == c for f in found) for c in args.candidates or CANDIDATES},
                "budget": budget, "floor": floor}
     if args.test:
-        kept = [f for f in found if f["publishes"]]
-        summary["published_keep_promise_on_test"] = sum(f["keeps_promise"]["kept"] for f in kept)
-    print(json.dumps(summary))
-    if args.record:
-        path = Path(args.record)
-        records = json.loads(path.read_text()) if path.is_file() else []
-        records.append({"label": args.label, "store": str(args.store), "world": world_of(store),
-                        "encoder": store.encoder_fingerprint(), "argv": list(argv or sys.argv[1:]),
-                        **costs.provenance(), "runs": found, "summary": summary})
-        path.write_text(json.dumps(records, indent=1) + "\n")
+        summary["published_keep_promise_on_test"] = sum(f["keeps_promise"]["kept"] for f in found if f["publishes"])
+    return summary
 
+
+def save_record(path: Path, args, argv, store: FeatureStore, found: list[dict], summary: dict, new: bool) -> None:
+    """This invocation's record (--label, the runs so far, their summary) as the last entry of `path` (a JSON list;
+    written whole, atomically): appended on the first run, replaced after. One invocation per file at a time."""
+    records = json.loads(path.read_text()) if path.is_file() else []
+    entry = {"label": args.label, "store": str(args.store), "world": world_of(store),
+             "encoder": store.encoder_fingerprint(), "argv": list(argv or sys.argv[1:]), **costs.provenance(),
+             "runs": found, "summary": summary}
+    records = records + [entry] if new or not records else records[:-1] + [entry]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(records, indent=1) + "\n")
+    tmp.replace(path)
 
 if __name__ == "__main__":
     main()

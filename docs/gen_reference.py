@@ -604,6 +604,7 @@ def _render_operating_point(path: Path, curve_png: str) -> str:
     from splavu_core.evaluation.operating_point import markdown
 
     rec = json.loads(path.read_text())
+    why = rec.get("why", "").removeprefix(f"{rec.get('chosen')}: ")
     if not rec.get("members"):
         return f"\n## The operating point (publish rule)\n\n{rec.get('why')}\n"
     return "".join([
@@ -611,7 +612,7 @@ def _render_operating_point(path: Path, curve_png: str) -> str:
         f"Each candidate fitted on this store and scored on its selection split (people of their own, never the "
         f"validation or test videos), seeds {', '.join(map(str, rec['seeds']))}; the rule "
         f"([method](method.md#the-publish-rule-which-operating-point-a-store-publishes)) picked "
-        f"**{rec['chosen']}**: {rec['why']}. It took {rec.get('seconds')} s.\n\n",
+        f"**{rec['chosen']}**: {why}. It took {rec.get('seconds')} s.\n\n",
         markdown(rec), "\n",
         f"\n![each candidate's AR retention against its weakest privacy part, selection split]({curve_png})\n"
         if (path.parent / "operating_point.png").is_file() else ""])
