@@ -71,11 +71,11 @@ def world_of(store: FeatureStore) -> dict | None:
 
 
 def clopper_pearson(k: int, n: int) -> list[float]:
-    from scipy.stats import beta
+    """95% interval on a rate of k in n: scipy's exact (Clopper-Pearson) binomial interval."""
+    from scipy.stats import binomtest
 
-    lo = 0.0 if k == 0 else float(beta.ppf(0.025, k, n - k + 1))
-    hi = 1.0 if k == n else float(beta.ppf(0.975, k + 1, n - k))
-    return [round(lo, 3), round(hi, 3)]
+    ci = binomtest(k, n).proportion_ci(0.95, method="exact")
+    return [round(float(ci.low), 3), round(float(ci.high), 3)]
 
 
 def main(argv=None):

@@ -650,15 +650,14 @@ def _render_publish_rate(path: Path) -> str:
         body.append([r["label"], f"{sm['publishing']} of {sm['runs']}",
                      f"{sm['rate']:.2f} [{sm['rate_ci95'][0]:.2f}, {sm['rate_ci95'][1]:.2f}]", picks,
                      val["privacy"], val["ar"], f"`{r.get('commit')}`"])
-    from scipy.stats import beta
+    from scipy.stats import binomtest
 
     for encoder in dict.fromkeys(r.get("encoder") for r in records):  # every set of one encoder, pooled
         runs = [f for r in records if r.get("encoder") == encoder for f in r["runs"]]
         k, n = sum(f["publishes"] for f in runs), len(runs)
-        lo = 0.0 if k == 0 else float(beta.ppf(0.025, k, n - k + 1))
-        hi = 1.0 if k == n else float(beta.ppf(0.975, k + 1, n - k))
-        body.append([f"**all runs, encoder `{encoder}`**", f"{k} of {n}", f"{k / n:.2f} [{lo:.2f}, {hi:.2f}]", "", "",
-                     "", ""])
+        ci = binomtest(k, n).proportion_ci(0.95, method="exact")  # Clopper-Pearson, as publish_rule.py's
+        body.append([f"**all runs, encoder `{encoder}`**", f"{k} of {n}", f"{k / n:.2f} [{ci.low:.2f}, {ci.high:.2f}]",
+                     "", "", "", ""])
     out.append(_table(["runs", "publish", "rate [95%]", "picked", "close-ups removed (val)", "AR retention (val)",
                        "commit"], body))
     tested = [r for r in records if any("test" in f for f in r["runs"])]

@@ -292,7 +292,8 @@ def plot_png(record: dict) -> bytes:
     ax.axhline(record["floor"], color="grey", ls=":", lw=1)
     ax.set_xlabel("weakest leakage removed on selection (close-ups, clips, linkage)")
     ax.set_ylabel("AR retention on selection")
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    if ax.get_legend_handles_labels()[0]:  # no candidate with both a privacy part and AR: nothing to name
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
