@@ -133,6 +133,23 @@ def test_publish_rule(store_copy, tmp_path):
     assert saved[0]["label"] == "smoke" and saved[0]["summary"] == summary and len(saved[0]["runs"]) == 2
 
 
+def test_frontier(store_copy, tmp_path):
+    """Members of the three frontiers and a baseline, scored on validation into the record; the plot drawn from it."""
+    record, png = tmp_path / "frontier.json", tmp_path / "frontier.png"
+    out = run_bench("frontier", "--store", store_copy, "--split", "val", "--members", "closed", "oracle-keep",
+                    "learned", "baselines", "--k-closed", 4, "--w", 1, "--k", 4, "--lam", 1, "--stage-seeds", 0,
+                    "--epochs", 2, "--seeds", 0, 1, "--record", record)
+    names = [m["name"] for m in out]
+    assert {"closed k=4", "closed k20-within", "oracle keep k=4 w=1", "learned k=4 l=1 epochs=2 s=0",
+            "pca_4", "randproj_4"} <= set(names)
+    for m in out:
+        assert m["privacy"][1] <= m["privacy"][0] <= m["privacy"][2] and m["ar"][1] <= m["ar"][0] <= m["ar"][2]
+    saved = json.loads(record.read_text())
+    assert len(saved) == 1 and saved[0]["split"] == "val" and len(saved[0]["members"]) == len(out)
+    run_bench("frontier", "--plot", record, "--split", "val", "--png", png)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
 def test_recentre_members(store_copy):
     names = ["default", "sample-tau4", "clusters200", "vid-poe-sample-tau4", "sample-tau4-split3", "wappw1-blindw1"]
     out = run_bench("recentre_members", "--store", store_copy, "--members", *names,
