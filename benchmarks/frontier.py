@@ -57,9 +57,11 @@ KINDS = ("closed", "oracle-keep", "oracle-stage", "oracle-mmd", "oracle-both", "
 #          + anchor · ‖g − keep‖² / E‖keep‖²                stay near the closed form: what no head reads is not thrown away
 #          + lam · CE(adv(g), prior)                         push the adversary to the prior: it cannot tell who it sees
 #     adv: k -> 512 -> out MLP (the attacker suite's mlp width), trained in alternation on g detached, adv_steps per step
-#       adversary "subjects":   which training subject a clip shows: subject ids of training videos (LABEL-FREE: no
-#                               private attribute is read; the label-flip test covers it)
-#       adversary "attributes": THE ORACLE: the training videos' private attribute labels (never shipped, never a default)
+#       "subjects":  which training subject a clip shows (subject ids of training videos: LABEL-FREE, no private
+#                    attribute is read; the label-flip test covers it); "stills": the same on the static clips alone;
+#       "offsets":   no adversary: each clip regressed onto itself less lam x its person's mean offset
+#       THE ORACLE (the training videos' private attribute labels; never shipped, never a default): "attributes" (an
+#       attribute adversary), "attributes-mmd" (an MMD per attribute instead), "subjects+attributes" (both terms)
 #
 # Recentring is fitted on g's clips as the default fits it on keep's (learned_map). Seeded and deterministic on
 # CPU. A checkpoint (safetensors: stage, heads, adversary, both optimisers' moments; the epoch and the config in its
@@ -69,7 +71,7 @@ KINDS = ("closed", "oracle-keep", "oracle-stage", "oracle-mmd", "oracle-both", "
 
 @dataclasses.dataclass(frozen=True)
 class StageConfig:
-    adversary: str = "subjects"     # "subjects" (label-free) or "attributes" (the oracle: private labels)
+    adversary: str = "subjects"     # what the stage hides (the comment above); "attributes*" read private labels
     lam: float = 1.0                # weight of confusing the adversary
     anchor: float = 1.0             # weight of staying near the keep fit
     hidden: int = 256
@@ -121,39 +123,37 @@ def utility_sets(data: TrainingData, tasks, tad_phases: int) -> dict[str, tuple[
     return out
 
 
-def adversary_set(data: TrainingData, adversary: str) -> tuple[np.ndarray, np.ndarray]:
-    """((N, D) clips, labels) the adversary trains on. subjects: every clip of every training video and the static
-    clips, labelled by the video's subject id (int); attributes: the static videos' static and moving clips, labelled
-    by the video's private attributes ((N, A) float; data.attributes, which only load_oracle_labels sets)."""
+ORACLES = ("attributes", "attributes-mmd", "subjects+attributes")
+ADVERSARIES = ("subjects", "stills", "offsets", *ORACLES)
+
+
+def adversary_set(data: TrainingData, adversary: str) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """((N, D) clips, (N,) who each shows as an int or None, (N, A) private attributes or None) for `adversary`.
+    subjects: every clip of every training video and the static clips; stills: the static clips; the oracles: the
+    static videos' static and moving clips, with data.attributes (which only load_oracle_labels sets)."""
+    if adversary not in ADVERSARIES:
+        raise ValueError(f"adversary must be one of {ADVERSARIES}, got {adversary!r}")
     videos = {v.video_id: v for v in data.ar_train + data.tad_train + data.ad_train}
-    if adversary in ("attributes", "attributes-mmd"):
+    static_who = [videos[vid].meta.get("subject_id") if vid in videos else vid for vid in data.static_ids]
+    xs, who, attrs = [], [], None
+    if adversary in ORACLES:
         if data.attributes is None:
-            raise ValueError("the attributes adversary (the oracle) needs load_oracle_labels(store, data)")
-        xs, ys = [], []
-        for i, _ in enumerate(data.static_ids):
-            clips = [data.static[i]] + ([data.static_actions[i]] if data.static_actions is not None else [])
-            c = np.concatenate(clips)
+            raise ValueError("the attribute oracles need load_oracle_labels(store, data)")
+        rows = []
+        for i, sid in enumerate(static_who):
+            c = np.concatenate([data.static[i]] + ([data.static_actions[i]] if data.static_actions is not None else []))
             xs.append(c)
-            ys.append(np.repeat(data.attributes[i][None], len(c), 0))
-        return np.concatenate(xs).astype(np.float32), np.concatenate(ys).astype(np.float32)
-    if adversary == "subjects+attributes":  # the oracle that reads what the label-free stage reads, and the labels
-        xa, attrs = adversary_set(data, "attributes")
-        who = np.concatenate([[videos[vid].meta.get("subject_id") if vid in videos else vid]
-                              * (len(data.static[i]) + (len(data.static_actions[i]) if data.static_actions is not None
-                                                        else 0)) for i, vid in enumerate(data.static_ids)])
-        _, y = np.unique(who.astype(str), return_inverse=True)
-        return xa, np.concatenate([y[:, None].astype(np.float32), attrs], 1)              # (N, 1 + A)
-    if adversary not in ("subjects", "stills", "offsets"):
-        raise ValueError(f"adversary must be 'subjects', 'stills', 'offsets' or 'attributes', got {adversary!r}")
-    xs, who = [], []
-    if adversary != "stills":  # stills: the static clips alone (no action in them to lose)
-        xs, who = [v.feats for v in videos.values()], [[v.meta.get("subject_id")] * len(v.feats) for v in videos.values()]
-    for i, vid in enumerate(data.static_ids):
-        xs.append(data.static[i])
-        who.append([videos[vid].meta.get("subject_id") if vid in videos else vid] * len(data.static[i]))
-    who = np.concatenate(who).astype(str)
-    _, y = np.unique(who, return_inverse=True)
-    return np.concatenate(xs).astype(np.float32), y.astype(np.int64)
+            who.append([sid] * len(c))
+            rows.append(np.repeat(data.attributes[i][None], len(c), 0))
+        attrs = np.concatenate(rows).astype(np.float32)
+    else:
+        if adversary != "stills":  # stills: the static clips alone (no action in them to lose)
+            xs = [v.feats for v in videos.values()]
+            who = [[v.meta.get("subject_id")] * len(v.feats) for v in videos.values()]
+        xs += list(data.static)
+        who += [[sid] * len(c) for sid, c in zip(static_who, data.static)]
+    _, y = np.unique(np.concatenate(who).astype(str), return_inverse=True)
+    return np.concatenate(xs).astype(np.float32), y.astype(np.int64), attrs
 
 
 def _confusion(logits: torch.Tensor, adversary: str, prior: torch.Tensor) -> torch.Tensor:
@@ -203,20 +203,17 @@ def fit_stage(data: TrainingData, tasks, keep: KeepFit, cfg: StageConfig, checkp
     util = utility_sets(data, tasks, cfg.tad_phases)
     if not util:
         raise ValueError("the learned stage needs the training videos of at least one utility task")
-    xa, ya = adversary_set(data, cfg.adversary)
+    xa, who, groups = adversary_set(data, cfg.adversary)
+    ya = groups if cfg.adversary in ("attributes", "attributes-mmd") else who  # what the adversary reads
+    both = cfg.adversary == "subjects+attributes"  # the adversary reads who, the MMD the attributes
     allx = np.concatenate([x for x, _ in util.values()] + [xa])
     stage = Stage(keep, allx.std(0) + 1e-6, cfg.hidden)
     k = keep.proj.shape[1]
     heads = nn.ModuleDict({t: nn.Linear(k, int(y.max()) + 1) for t, (_, y) in util.items()})
-    both = cfg.adversary == "subjects+attributes"
-    if both:  # the adversary reads column 0 (who), the MMD the rest (the attributes)
-        ya, groups = ya[:, 0].astype(np.int64), ya[:, 1:]
     out = ya.shape[1] if ya.ndim == 2 else int(ya.max()) + 1
     adv = nn.Sequential(nn.Linear(k, cfg.adv_hidden), nn.GELU(), nn.Linear(cfg.adv_hidden, out))
     prior = torch.from_numpy(ya.mean(0)) if ya.ndim == 2 else \
         torch.from_numpy(np.bincount(ya, minlength=out) / len(ya)).float()
-    if both:
-        ya = np.concatenate([ya[:, None].astype(np.float32), groups], 1)
     opt = torch.optim.AdamW([*stage.parameters(), *heads.parameters()], lr=cfg.lr, weight_decay=1e-4)
     opt_adv = torch.optim.AdamW(adv.parameters(), lr=cfg.lr, weight_decay=1e-4)
     with torch.no_grad():
@@ -226,7 +223,7 @@ def fit_stage(data: TrainingData, tasks, keep: KeepFit, cfg: StageConfig, checkp
             per = torch.zeros(int(ya.max()) + 1, k, dtype=torch.float64).index_add_(0, torch.from_numpy(ya), ka)
             per = per / torch.from_numpy(np.bincount(ya)).double()[:, None]
             offsets = (per - ka.mean(0)).float()                                       # (people, k)
-    tensors = {k: torch.from_numpy(v) for k, v in (("xa", xa), ("ya", ya))}
+    tensors = {k: torch.from_numpy(v) for k, v in (("xa", xa), ("ya", ya), ("groups", groups)) if v is not None}
     util_t = {t: (torch.from_numpy(x), torch.from_numpy(y)) for t, (x, y) in util.items()}
     start, meta = 0, json.dumps(dataclasses.asdict(cfg), sort_keys=True)
     path = Path(checkpoint) if checkpoint else None
@@ -250,8 +247,6 @@ def fit_stage(data: TrainingData, tasks, keep: KeepFit, cfg: StageConfig, checkp
         for s in range(n_steps):
             sl = slice(s * cfg.batch, (s + 1) * cfg.batch)
             bx, by = tensors["xa"][order_a[sl]], tensors["ya"][order_a[sl]]
-            if both:
-                by, bg = by[:, 0].long(), by[:, 1:]
             opt.zero_grad()
             if cfg.adversary == "offsets":          # regress each clip onto itself less lam x its person's offset
                 target = stage.keep(bx) - cfg.lam * offsets[by]
@@ -266,7 +261,7 @@ def fit_stage(data: TrainingData, tasks, keep: KeepFit, cfg: StageConfig, checkp
                 z = stage(bx)
                 loss = cfg.lam * _confusion(adv(z), cfg.adversary, prior)
                 if both:
-                    loss = loss + cfg.lam * _mmd(z, bg)
+                    loss = loss + cfg.lam * _mmd(z, tensors["groups"][order_a[sl]])
             for t, (x, y) in util_t.items():
                 idx = order[t][sl]
                 z = stage(x[idx])
@@ -309,22 +304,26 @@ def learned_map(data, tasks, cfg, publish):
     return lambda f: apply_recentre(fit, publish(f))
 
 
-def members_of(kind: str, inp, store, ks, ws, lams, stage_seeds, ckpt_dir, log, **stage_kw):
-    """name -> (per-video map, the member's fields)."""
+def members_of(kind: str, inp, store, ks, ws, lams, stage_seeds, ckpt_dir, log, only=(), **stage_kw):
+    """name -> (per-video map, the member's fields); only: these names alone (none fitted but them)."""
     data, cfg, tasks = inp.data, inp.cfg, inp.cfg.tasks
+    wanted = lambda name: not only or name in only  # noqa: E731
     out = {}
     if kind == "closed":
         for k in ks:
-            out[f"closed k={k}"] = (fit_closed_form(data, tasks, k, cfg)[True], {"k": k})
-        within = cfg.replace(keep=20, keep_w_app=3.0, keep_app_within=True)
-        out["closed k20-within"] = (fit_closed_form(data, tasks, 20, within)[True], {"k": 20, "within": True})
+            if wanted(f"closed k={k}"):
+                out[f"closed k={k}"] = (fit_closed_form(data, tasks, k, cfg)[True], {"k": k})
+        if wanted("closed k20-within"):
+            within = cfg.replace(keep=20, keep_w_app=3.0, keep_app_within=True)
+            out["closed k20-within"] = (fit_closed_form(data, tasks, 20, within)[True], {"k": 20, "within": True})
     elif kind == "oracle-keep":
         odata = load_oracle_labels(store, data)
         adata = dataclasses.replace(odata, static=attribute_rows(odata), static_actions=None)
         for k in ks:
             for w in ws:
                 c = cfg.replace(keep_w_app=w, keep_app_within=False, keep_w_dynamic=0.0)
-                out[f"oracle keep k={k} w={w:g}"] = (fit_closed_form(adata, tasks, k, c)[True], {"k": k, "w": w})
+                if wanted(f"oracle keep k={k} w={w:g}"):
+                    out[f"oracle keep k={k} w={w:g}"] = (fit_closed_form(adata, tasks, k, c)[True], {"k": k, "w": w})
     elif kind in ("oracle-stage", "oracle-mmd", "oracle-both", "learned", "learned-stills", "learned-offsets"):
         adversary = {"oracle-stage": "attributes", "oracle-mmd": "attributes-mmd",
                      "oracle-both": "subjects+attributes", "learned": "subjects",
@@ -338,8 +337,9 @@ def members_of(kind: str, inp, store, ks, ws, lams, stage_seeds, ckpt_dir, log, 
                     scfg = StageConfig(adversary=adversary, lam=lam, seed=seed, **stage_kw)
                     extra = "".join(f" {f.name}={getattr(scfg, f.name):g}" for f in dataclasses.fields(scfg)
                                     if f.name in stage_kw and getattr(scfg, f.name) != f.default)
-                    name = (f"{kind.replace('-', ' ')} k={k} l={lam:g}{extra}" if oracle
-                            else f"{kind.replace('-', ' ')} k={k} l={lam:g}{extra} s={seed}")
+                    name = f"{kind.replace('-', ' ')} k={k} l={lam:g}{extra}" + ("" if oracle else f" s={seed}")
+                    if not wanted(name):
+                        continue
                     t0 = time.perf_counter()
                     ck = Path(ckpt_dir) / (name.replace(" ", "_").replace("=", "") + ".safetensors") if ckpt_dir else None
                     stage = fit_stage(sdata, tasks, keep, scfg, ck, log=log)
@@ -350,8 +350,9 @@ def members_of(kind: str, inp, store, ks, ws, lams, stage_seeds, ckpt_dir, log, 
         clips = trivial.training_clips(inp.raw, inp.datasets)
         for k in ks:
             for name, (mu, q) in trivial.fit(clips, k).items():
-                out[name] = (lambda x, mu=mu, q=q: ((np.asarray(x, np.float64) - mu) @ q).astype(np.float32),
-                             {"k": k})
+                if wanted(name):
+                        out[name] = (lambda x, mu=mu, q=q: ((np.asarray(x, np.float64) - mu) @ q).astype(np.float32),
+                                 {"k": k})
     else:
         raise ValueError(f"unknown member kind {kind!r}; choose from {KINDS}")
     return out
@@ -374,10 +375,8 @@ def run(args) -> dict:
     for kind in args.members:
         ks = args.k_closed if kind in ("closed", "oracle-keep") else args.k
         built = members_of(kind, inp, store, ks, args.w, args.lam, args.stage_seeds, args.checkpoints,
-                           print if args.verbose else None, epochs=args.epochs, anchor=args.anchor,
-                           adv_steps=args.adv_steps)
-        if args.only:
-            built = {n: v for n, v in built.items() if n in args.only}
+                           print if args.verbose else None, only=args.only or (), epochs=args.epochs,
+                           anchor=args.anchor, adv_steps=args.adv_steps)
         sets = {n: {d: [dataclasses.replace(v, feats=np.ascontiguousarray(fn(v.feats), np.float32)) for v in vs]
                     for d, vs in inp.raw.items()} for n, (fn, _) in built.items()}
         members = [{"name": n, "kind": kind, **fields} for n, (_, fields) in built.items()]

@@ -146,6 +146,9 @@ def test_frontier(store_copy, tmp_path):
         assert m["privacy"][1] <= m["privacy"][0] <= m["privacy"][2] and m["ar"][1] <= m["ar"][0] <= m["ar"][2]
     saved = json.loads(record.read_text())
     assert len(saved) == 1 and saved[0]["split"] == "val" and len(saved[0]["members"]) == len(out)
+    only = run_bench("frontier", "--store", store_copy, "--split", "val", "--members", "closed", "--k-closed", 4,
+                     "--only", "closed k=4", "--seeds", 0, 1, "--record", tmp_path / "only.json")
+    assert only["name"] == "closed k=4" and only["privacy"] == out[names.index("closed k=4")]["privacy"]
     run_bench("frontier", "--plot", record, "--split", "val", "--png", png)
     assert png.read_bytes()[:4] == b"\x89PNG"
 
